@@ -1,0 +1,15 @@
+"""Spotlight: RL post-training of Diffusion Transformers on spot capacity.
+
+``import spotlight`` is the user's face. The CLI entry point (and, later, ``Session``) live in
+``pipelines`` and are imported lazily, so the library layers never import the pipeline layer.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``spotlight``."""
+    from pipelines.cli import main as cli_main
+
+    return cli_main(argv)

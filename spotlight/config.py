@@ -1,0 +1,266 @@
+"""Typed run configuration: one dataclass per component, loaded from YAML and validated up front.
+
+Every field carries its allowed range or choices in its metadata; validation runs in
+``__post_init__`` so a bad value is refused before any worker starts or any file is written.
+An unknown YAML key is an error naming the key, its file and the nearest valid key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message says what to change."""
+
+
+def spec(default: Any, help: str, *, range: tuple[float, float] | None = None,
+         choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with its documentation and validation rule."""
+    meta = {"help": help, "range": range, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Validated:
+    """Mixin: checks every field against its range/choices after construction."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            rng, choices = f.metadata.get("range"), f.metadata.get("choices")
+            where = f"{type(self).__name__}.{f.name}"
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{where} = {value!r} is not allowed; choose one of {list(choices)}")
+            if rng is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ConfigError(f"{where} = {value!r} must be a number in [{rng[0]}, {rng[1]}]")
+                if not math.isfinite(value) or not rng[0] <= value <= rng[1]:
+                    raise ConfigError(f"{where} = {value!r} is out of range; allowed range is "
+                                      f"[{rng[0]}, {rng[1]}]")
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; override where fields constrain each other."""
+
+
+@dataclass(kw_only=True)
+class WorldConfig(Validated):
+    """The embedded digits world: which task, canvas size and prompt files."""
+
+    task: str = spec("ocr", "Task family: 'ocr' (render a digit string) or 'geneval' (objects).",
+                     choices=("ocr", "geneval"))
+    canvas_height: int = spec(12, "Canvas height in pixels (even, for 2x2 packing).", range=(8, 64))
+    canvas_width: int = spec(32, "Canvas width in pixels (even, for 2x2 packing).", range=(16, 128))
+    train_prompts: str = spec("configs/prompts/ocr_train.txt", "Training prompt file.")
+    val_prompts: str = spec("configs/prompts/ocr_val.txt", "Held-out validation prompt file.")
+
+    def validate(self) -> None:
+        if self.canvas_height % 2 or self.canvas_width % 2:
+            raise ConfigError(f"WorldConfig canvas {self.canvas_height}x{self.canvas_width} must have "
+                              "even sides: the policy packs 2x2 pixel patches into tokens")
+        if self.task == "ocr" and self.canvas_width < 28:
+            raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' (three 8-pixel digits)")
+        if self.task == "geneval" and (self.canvas_height < 20 or self.canvas_width < 32):
+            raise ConfigError("WorldConfig canvas must be at least 20x32 for 'geneval' "
+                              "(two rows of three object slots)")
+
+
+@dataclass(kw_only=True)
+class ModelConfig(Validated):
+    """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
+
+    num_layers: int = spec(3, "Transformer blocks.", range=(1, 64))
+    num_attention_heads: int = spec(4, "Attention heads.", range=(1, 64))
+    attention_head_dim: int = spec(32, "Width of one head; must be divisible by 8 (RoPE axes).",
+                                   range=(8, 256))
+    text_dim: int = spec(64, "Prompt-encoder width (the transformer's joint_attention_dim).",
+                         range=(8, 4096))
+    text_layers: int = spec(2, "Prompt-encoder transformer layers.", range=(0, 12))
+    max_prompt_tokens: int = spec(24, "Prompt tokens kept after word/digit tokenisation.",
+                                  range=(4, 256))
+
+    def validate(self) -> None:
+        if self.attention_head_dim % 8:
+            raise ConfigError(f"ModelConfig.attention_head_dim = {self.attention_head_dim} must be "
+                              "divisible by 8 (split across three RoPE axes)")
+
+
+@dataclass(kw_only=True)
+class PretrainConfig(Validated):
+    """Flow-matching pretraining of the base model on composed canvases."""
+
+    steps: int = spec(3000, "Optimizer steps (the time budget may stop earlier).", range=(1, 10**7))
+    time_budget_s: float = spec(240.0, "Wall-clock cap on training.", range=(1.0, 86400.0))
+    batch_size: int = spec(64, "Canvases per step.", range=(1, 4096))
+    lr: float = spec(1e-3, "Peak AdamW learning rate.", range=(1e-7, 1.0))
+    warmup_steps: int = spec(100, "Linear warm-up steps.", range=(0, 10**6))
+    seed: int = spec(0, "Seed of data composition and initialisation.", range=(0, 2**31 - 1))
+
+
+@dataclass(kw_only=True)
+class RewardConfig(Validated):
+    """Reward by registered name plus the digit recogniser behind it."""
+
+    name: str = spec("ocr", "Registered reward name (see spotlight.rewards.REWARDS).")
+    recognizer_epochs: int = spec(30, "Recogniser training epochs.", range=(1, 1000))
+    recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
+
+
+@dataclass(kw_only=True)
+class SamplerConfig(Validated):
+    """The denoising sampler used for rollouts (SDE) and validation (ODE)."""
+
+    num_steps: int = spec(10, "Denoising steps.", range=(1, 1000))
+    noise_level: float = spec(0.7, "SDE noise scale (Flow-GRPO's a).", range=(0.0, 2.0))
+    sde_type: str = spec("flow", "'flow' = Flow-GRPO's SDE; 'cps' = coefficients-preserving.",
+                         choices=("flow", "cps"))
+    sde_window_start: int = spec(0, "First step that uses the SDE (and is trained).",
+                                 range=(0, 1000))
+    sde_window_size: int = spec(0, "Number of SDE steps; 0 = every step from the start.",
+                                range=(0, 1000))
+    shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).", range=(0.1, 20.0))
+
+    def validate(self) -> None:
+        if self.sde_window_start >= self.num_steps:
+            raise ConfigError(f"SamplerConfig.sde_window_start = {self.sde_window_start} must be "
+                              f"below num_steps = {self.num_steps}")
+
+
+@dataclass(kw_only=True)
+class GRPOConfig(Validated):
+    """Flow-GRPO optimisation."""
+
+    prompts_per_iteration: int = spec(8, "Prompts per iteration.", range=(1, 4096))
+    group_size: int = spec(8, "Samples (seeds) per prompt.", range=(2, 1024))
+    lr: float = spec(1e-4, "AdamW learning rate.", range=(1e-8, 1.0))
+    weight_decay: float = spec(0.0, "AdamW weight decay.", range=(0.0, 1.0))
+    clip_range: float = spec(0.2, "PPO ratio clip.", range=(1e-4, 10.0))
+    adv_clip_max: float = spec(5.0, "Advantages are clipped to [-x, x].", range=(0.1, 100.0))
+    beta_kl: float = spec(0.004, "Weight of the KL to the frozen reference (0 disables).",
+                          range=(0.0, 10.0))
+    timestep_fraction: float = spec(1.0, "Fraction of SDE steps trained per sample.",
+                                    range=(0.01, 1.0))
+    global_std: bool = spec(False, "Normalise advantages by the batch std instead of per prompt.")
+    inner_epochs: int = spec(1, "Passes over each rollout batch.", range=(1, 100))
+    micro_batch: int = spec(32, "Samples per backward pass.", range=(1, 4096))
+    max_grad_norm: float = spec(1.0, "Gradient clipping norm.", range=(1e-3, 1e6))
+    trainable: str = spec("transformer", "'transformer' or 'all' (also the prompt encoder).",
+                          choices=("transformer", "all"))
+
+
+@dataclass(kw_only=True)
+class ValidationConfig(Validated):
+    """Held-out prompts x fixed seeds, deterministic ODE sampling."""
+
+    seeds_per_prompt: int = spec(2, "Fixed seeds per validation prompt.", range=(1, 64))
+    max_prompts: int = spec(64, "Validation prompts used (first N of the file).", range=(1, 10**6))
+    every: int = spec(5, "Validate every N iterations.", range=(1, 10**6))
+
+
+@dataclass(kw_only=True)
+class RunConfig(Validated):
+    """A whole run: every component's config plus the run's identity."""
+
+    seed: int = spec(0, "Run seed: with prompt id, sample seed and step it fixes all noise.",
+                     range=(0, 2**31 - 1))
+    iterations: int = spec(20, "RL iterations.", range=(0, 10**7))
+    threads: int = spec(2, "torch intra-op threads.", range=(1, 256))
+    world: WorldConfig = field(default_factory=WorldConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        return data
+
+
+def _build(cls: type, data: Any, path: str, source: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, refusing unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{path or '<top level>'}' must be a mapping of keys to values, "
+                          f"got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.0)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise ConfigError(f"{source}: unknown key '{dotted}'{hint} "
+                              f"(valid keys here: {', '.join(names)})")
+        kwargs[key] = _coerce(hints[key], value, dotted, source)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def _coerce(hint: Any, value: Any, dotted: str, source: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, dotted, source)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return value
+    expected = {bool: bool, int: int, float: (int, float), str: str}.get(hint)
+    if expected is None:
+        return value
+    if isinstance(value, bool) and hint is not bool:
+        expected = ()
+    if not isinstance(value, expected):
+        raise ConfigError(f"{source}: '{dotted}' = {value!r} must be of type {hint.__name__}")
+    return float(value) if hint is float else value
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Load and validate a YAML run config; ``overrides`` maps dotted keys to values."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file "
+                          "such as configs/digits.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    config = _build(RunConfig, data, "", str(path))
+    config.source = str(path)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse a ``--set key.path=value`` override; the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value, e.g. grpo.lr=3e-4")
+    key, raw = text.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)
+
+
+def config_hash(*parts: Any) -> str:
+    """Stable short hash of config sections (dataclasses or plain data)."""
+    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
