@@ -81,8 +81,8 @@ class WorldConfig(Validated):
 class ModelConfig(Validated):
     """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
 
-    num_layers: int = spec(3, "Transformer blocks.", range=(1, 64))
-    num_attention_heads: int = spec(4, "Attention heads.", range=(1, 64))
+    num_layers: int = spec(4, "Transformer blocks.", range=(1, 64))
+    num_attention_heads: int = spec(2, "Attention heads.", range=(1, 64))
     attention_head_dim: int = spec(32, "Width of one head; must be divisible by 8 (RoPE axes).",
                                    range=(8, 256))
     text_dim: int = spec(64, "Prompt-encoder width (the transformer's joint_attention_dim).",
@@ -101,7 +101,7 @@ class ModelConfig(Validated):
 class PretrainConfig(Validated):
     """Flow-matching pretraining of the base model on composed canvases."""
 
-    steps: int = spec(3000, "Optimizer steps (the time budget may stop earlier).", range=(1, 10**7))
+    steps: int = spec(4000, "Optimizer steps (the time budget may stop earlier).", range=(1, 10**7))
     time_budget_s: float = spec(240.0, "Wall-clock cap on training.", range=(1.0, 86400.0))
     batch_size: int = spec(64, "Canvases per step.", range=(1, 4096))
     lr: float = spec(1e-3, "Peak AdamW learning rate.", range=(1e-7, 1.0))
@@ -225,6 +225,12 @@ def _coerce(hint: Any, value: Any, dotted: str, source: str) -> Any:
         return value
     if isinstance(value, bool) and hint is not bool:
         expected = ()
+    elif hint is float and isinstance(value, str):
+        # PyYAML reads "3e-4" (no dot) as a string; accept what a user plainly meant as a number.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if not isinstance(value, expected):
         raise ConfigError(f"{source}: '{dotted}' = {value!r} must be of type {hint.__name__}")
     return float(value) if hint is float else value

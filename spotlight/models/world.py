@@ -55,15 +55,19 @@ def paste(canvas: np.ndarray, glyph: np.ndarray, color: tuple[float, float, floa
 
 
 def render_ocr(target: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """A white digit string on one line, with random gaps, offset and handwriting."""
+    """A white digit string on the canvas's middle line, centred, with small random jitter.
+
+    The layout varies little on purpose: the base model then spends its few minutes of
+    pretraining on glyphs rather than on where to put them.
+    """
     canvas = np.zeros((3, height, width), np.float32)
-    gaps = rng.integers(0, 3, size=max(len(target) - 1, 0))
-    span = DIGIT * len(target) + int(gaps.sum())
-    x = int(rng.integers(0, width - span + 1))
-    y = int(rng.integers(0, height - DIGIT + 1))
-    for i, ch in enumerate(target):
+    gap = 1
+    span = DIGIT * len(target) + gap * (len(target) - 1)
+    x = int(np.clip((width - span) // 2 + rng.integers(-2, 3), 0, width - span))
+    y = int(np.clip((height - DIGIT) // 2 + rng.integers(-1, 2), 0, height - DIGIT))
+    for ch in target:
         paste(canvas, sample_digit(int(ch), rng), OCR_INK, y, x)
-        x += DIGIT + (int(gaps[i]) if i < len(gaps) else 0)
+        x += DIGIT + gap
     return canvas
 
 

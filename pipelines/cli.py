@@ -1,0 +1,92 @@
+"""The ``spotlight`` command line: a thin layer over the importable API."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spotlight.config import ConfigError, load_config, parse_override
+
+DEFAULT_CONFIG = "configs/digits.yaml"
+
+
+def _config(args: argparse.Namespace):
+    overrides = dict(parse_override(item) for item in (args.set or []))
+    return load_config(args.config, overrides)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from spotlight.models.pretrain import pretrain
+
+    config = _config(args)
+    result = pretrain(config, force=args.force)
+    state = "cached" if result.cached else f"trained {result.steps} steps in {result.wall_s:.0f}s"
+    print(f"base model ({state}, loss {result.final_loss:.4f}): {result.directory}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.demo import run_demo
+
+    config = _config(args)
+    run_demo(config, iterations=args.iterations, report_dir=Path(args.report))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipelines.bench import BENCHES, load_benches, write_result
+
+    load_benches()
+    if args.name not in BENCHES:
+        print(f"error: unknown benchmark {args.name!r}; choose one of {sorted(BENCHES)}", file=sys.stderr)
+        return 2
+    options = {"quick": args.quick, "task": args.task, "config": args.config}
+    if args.time_budget is not None:
+        options["time_budget_s"] = args.time_budget
+    result = BENCHES[args.name](**options)
+    print(write_result(result, args.json))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotlight", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser, default: str | None = DEFAULT_CONFIG) -> None:
+        p.add_argument("--config", default=default, help=f"run config YAML (default {default})")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set grpo.lr=3e-4 (repeatable)")
+
+    p = sub.add_parser("pretrain", help="train (or load from cache) the base model of a config")
+    with_config(p)
+    p.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("demo", help="pretrain (cached), post-train a few iterations, write a report")
+    with_config(p)
+    p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
+    p.add_argument("--report", default="reports/demo", help="report folder (default reports/demo)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="run a benchmark and write its JSON")
+    p.add_argument("name", help="benchmark name, e.g. learning")
+    p.add_argument("--json", metavar="PATH", help="write the result object here")
+    p.add_argument("--quick", action="store_true", help="a small, fast version (smoke check)")
+    p.add_argument("--task", default="ocr", help="task family: ocr or geneval")
+    p.add_argument("--config", default=None, help="config YAML (default: the task's)")
+    p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

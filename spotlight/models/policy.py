@@ -1,0 +1,120 @@
+"""The digits policy: diffusers' real QwenImageTransformer2DModel, tiny, in pixel space.
+
+Canvases (3, H, W) in [-1, 1] are packed 2x2 into tokens of 12 channels, exactly as Qwen-Image
+packs its VAE latents, so the transformer runs unchanged. The adapter exposes what the RL needs:
+encode prompts, predict velocity on packed latents, decode, trainable parameters, save/load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import QwenImageTransformer2DModel
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spotlight.config import ModelConfig
+from spotlight.models.text_encoder import PromptEncoder
+from spotlight.models.world import to_pixels
+
+CHANNELS = 3
+PATCH = 2
+
+
+class MissingCheckpointError(FileNotFoundError):
+    """A base or policy checkpoint is not where it was expected."""
+
+
+def pack(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H/2 * W/2, C * 4), Qwen-Image's latent packing."""
+    b, c, h, w = x.shape
+    x = x.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
+
+
+def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`pack`."""
+    b = tokens.shape[0]
+    x = tokens.view(b, height // PATCH, width // PATCH, CHANNELS, PATCH, PATCH)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(b, CHANNELS, height, width)
+
+
+class DigitsPolicy(nn.Module):
+    """Prompt encoder + QwenImageTransformer2DModel over packed pixel canvases."""
+
+    def __init__(self, config: ModelConfig, height: int, width: int) -> None:
+        super().__init__()
+        self.config, self.height, self.width = config, height, width
+        head = config.attention_head_dim
+        self.text_encoder = PromptEncoder(config.text_dim, config.text_layers, config.max_prompt_tokens)
+        self.transformer = QwenImageTransformer2DModel(
+            patch_size=PATCH,
+            in_channels=CHANNELS * PATCH * PATCH,
+            out_channels=CHANNELS,
+            num_layers=config.num_layers,
+            attention_head_dim=head,
+            num_attention_heads=config.num_attention_heads,
+            joint_attention_dim=config.text_dim,
+            axes_dims_rope=(8, (head - 8) // 2, (head - 8) // 2),
+        )
+
+    @property
+    def tokens_shape(self) -> tuple[int, int]:
+        """(tokens, channels) of one packed latent."""
+        return (self.height // PATCH) * (self.width // PATCH), CHANNELS * PATCH * PATCH
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.text_encoder(prompts)
+
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor,
+                 text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Predicted flow velocity (noise - data) for packed ``latents`` at noise level ``sigma``."""
+        emb, mask = text
+        shape = [(1, self.height // PATCH, self.width // PATCH)]
+        out = self.transformer(
+            hidden_states=latents,
+            encoder_hidden_states=emb,
+            encoder_hidden_states_mask=mask,
+            timestep=sigma.expand(latents.shape[0]).to(latents.dtype),
+            img_shapes=[shape] * latents.shape[0],
+            return_dict=False,
+        )[0]
+        return out
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Packed latents -> float32 pixels (B, 3, H, W) in [0, 1]."""
+        x = unpack(latents.detach().float().cpu(), self.height, self.width).numpy()
+        return to_pixels(x).astype(np.float32)
+
+    def trainable_parameters(self, which: str = "transformer") -> list[nn.Parameter]:
+        modules = [self.transformer] if which == "transformer" else [self.transformer, self.text_encoder]
+        return [p for m in modules for p in m.parameters()]
+
+    # --- persistence -------------------------------------------------------------------------
+    def save(self, directory: str | Path, extra: dict | None = None) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = directory / "model.safetensors.tmp"
+        save_file(state, str(tmp))
+        meta = {"model": dataclasses.asdict(self.config), "height": self.height, "width": self.width,
+                **(extra or {})}
+        (directory / "policy.json").write_text(json.dumps(meta, indent=2))
+        tmp.replace(directory / "model.safetensors")  # the weights file appears only when whole
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "DigitsPolicy":
+        directory = Path(directory)
+        weights, meta_path = directory / "model.safetensors", directory / "policy.json"
+        if not weights.is_file() or not meta_path.is_file():
+            raise MissingCheckpointError(
+                f"no policy checkpoint in '{directory}' (expected model.safetensors and policy.json); "
+                "run `spotlight pretrain --config CONFIG` to create the base model")
+        meta = json.loads(meta_path.read_text())
+        policy = cls(ModelConfig(**meta["model"]), meta["height"], meta["width"])
+        policy.load_state_dict(load_file(str(weights)))
+        return policy

@@ -1,0 +1,100 @@
+"""The denoising loop, written out where it is used: SDE rollouts with log-probs, ODE validation.
+
+A rollout records every step's latent, so a trajectory can be trained on, streamed to storage,
+or resumed from any committed step (``start_step`` + ``start_latents``) with identical output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from spotlight.config import SamplerConfig
+from spotlight.rl.noise import INITIAL_STEP, SampleKey, batch_noise
+from spotlight.rl.sde import gaussian_log_prob, sigma_schedule, step_distribution
+
+StepCallback = Callable[[int, torch.Tensor], None]
+
+
+@dataclass
+class Trajectory:
+    """One batch's denoising path. ``latents[:, t]`` is the input of step t; ``latents[:, -1]`` the output."""
+
+    latents: torch.Tensor        # (B, T + 1, tokens, channels)
+    log_probs: torch.Tensor      # (B, T); 0 for deterministic steps
+    sigmas: torch.Tensor         # (T + 1,)
+    trainable_steps: list[int]   # SDE steps with non-zero noise
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.latents[:, -1]
+
+
+def step_kinds(config: SamplerConfig) -> list[str]:
+    """Per step: the SDE kind inside the SDE window, 'ode' outside it."""
+    end = config.num_steps if config.sde_window_size == 0 else config.sde_window_start + config.sde_window_size
+    return [config.sde_type if config.sde_window_start <= t < end else "ode"
+            for t in range(config.num_steps)]
+
+
+def trainable_steps(config: SamplerConfig, mode: str = "sde") -> list[int]:
+    """Steps whose transition is stochastic, hence has a log-probability to train on."""
+    if mode == "ode" or config.noise_level == 0:
+        return []
+    kinds = step_kinds(config)
+    last = config.num_steps - 1
+    # CPS's last step re-noises to sigma = 0, i.e. it is deterministic.
+    return [t for t, k in enumerate(kinds) if k != "ode" and not (k == "cps" and t == last)]
+
+
+def initial_latents(keys: list[SampleKey], tokens_shape: tuple[int, int]) -> torch.Tensor:
+    return batch_noise(keys, INITIAL_STEP, tokens_shape)
+
+
+@torch.no_grad()
+def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerConfig, *,
+           mode: str = "sde", start_step: int = 0, start_latents: torch.Tensor | None = None,
+           on_step: StepCallback | None = None, num_steps: int | None = None) -> Trajectory:
+    """Denoise a batch. ``mode='sde'`` follows the configured SDE window, ``'ode'`` is deterministic.
+
+    ``num_steps`` overrides the step count (exploration may use a coarser grid). ``on_step(t, x)``
+    is called with the latent after each step t, so callers can stream it to storage.
+    """
+    if len(prompts) != len(keys):
+        raise ValueError(f"sample: {len(prompts)} prompts but {len(keys)} sample keys")
+    if num_steps is not None and num_steps != config.num_steps:
+        config = SamplerConfig(**{**config.__dict__, "num_steps": num_steps,
+                                  "sde_window_start": min(config.sde_window_start, num_steps - 1),
+                                  "sde_window_size": min(config.sde_window_size, num_steps)})
+    steps = config.num_steps
+    sigmas = sigma_schedule(steps, config.shift)
+    kinds = step_kinds(config) if mode == "sde" else ["ode"] * steps
+    x = initial_latents(keys, policy.tokens_shape) if start_latents is None else start_latents.float()
+    latents = torch.zeros(len(keys), steps + 1, *policy.tokens_shape)
+    latents[:, start_step] = x
+    log_probs = torch.zeros(len(keys), steps)
+    text = policy.encode(prompts)
+    sigma_cap = float(sigmas[1])
+    for t in range(start_step, steps):
+        sigma, sigma_next = float(sigmas[t]), float(sigmas[t + 1])
+        v = policy.velocity(x, sigmas[t:t + 1], text)
+        dist = step_distribution(kinds[t], x, v, sigma, sigma_next, config.noise_level, sigma_cap)
+        if kinds[t] == "ode" or float(dist.std.max()) == 0.0:
+            x = dist.mean
+        else:
+            x = dist.mean + dist.std.view(-1, 1, 1) * batch_noise(keys, t, policy.tokens_shape)
+            log_probs[:, t] = gaussian_log_prob(x, dist)
+        latents[:, t + 1] = x
+        if on_step is not None:
+            on_step(t, x)
+    return Trajectory(latents, log_probs, sigmas, trainable_steps(config, mode))
+
+
+def transition_distribution(policy, traj_latents: torch.Tensor, t: int, sigmas: torch.Tensor,
+                            text, config: SamplerConfig):
+    """Recompute step t's distribution for latents ``traj_latents[:, t]`` under ``policy`` (with grad)."""
+    x = traj_latents[:, t]
+    v = policy.velocity(x, sigmas[t:t + 1], text)
+    return step_distribution(step_kinds(config)[t], x, v, float(sigmas[t]), float(sigmas[t + 1]),
+                             config.noise_level, float(sigmas[1]))

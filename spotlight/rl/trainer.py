@@ -1,0 +1,174 @@
+"""Flow-GRPO on a policy adapter: rollout -> reward -> group advantages -> PPO-clipped update.
+
+Each stage is its own method so a task graph can run them on different workers; ``iteration``
+chains them for a single process.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from spotlight.config import RunConfig
+from spotlight.models.prompts import Prompt
+from spotlight.rl.grpo import Advantages, group_advantages, ppo_clipped_loss
+from spotlight.rl.noise import SampleKey, derive_seed, prompt_id
+from spotlight.rl.sampler import Trajectory, sample, transition_distribution
+from spotlight.rl.sde import gaussian_log_prob, kl_to_reference
+
+
+@dataclass
+class Rollout:
+    """A group rollout: P prompts x G seeds, flattened prompt-major."""
+
+    prompts: list[Prompt]
+    keys: list[SampleKey]
+    trajectory: Trajectory
+    images: np.ndarray          # (P*G, 3, H, W) in [0, 1]
+    rewards: np.ndarray         # (P, G)
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    reward_mean: float
+    group_reward_std: float
+    zero_std_groups: int
+    groups: int
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    approx_kl: float = 0.0
+    kl_to_reference: float = 0.0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def iteration_prompts(prompts: list[Prompt], iteration: int, count: int, run_seed: int) -> list[Prompt]:
+    """The prompts of an iteration: epochs over a seeded shuffle of the training file."""
+    chosen = []
+    start = iteration * count
+    for position in range(start, start + count):
+        epoch, offset = divmod(position, len(prompts))
+        order = np.random.default_rng(derive_seed(run_seed, epoch, 17)).permutation(len(prompts))
+        chosen.append(prompts[order[offset]])
+    return chosen
+
+
+def random_seeds(run_seed: int, iteration: int, prompts: int, group: int) -> np.ndarray:
+    """Fresh sample seeds (P, G) for an iteration that did not explore."""
+    rng = np.random.default_rng(derive_seed(run_seed, iteration, 29))
+    return rng.integers(0, 2**31 - 1, size=(prompts, group))
+
+
+def sample_keys(run_seed: int, prompts: list[Prompt], seeds: np.ndarray) -> list[SampleKey]:
+    return [SampleKey(run_seed, prompt_id(p.text), int(s)) for p, row in zip(prompts, seeds) for s in row]
+
+
+class FlowGRPO:
+    """Flow-GRPO trainer state: policy, frozen reference, optimizer and reward."""
+
+    def __init__(self, config: RunConfig, policy, reward_fn, check_rewards) -> None:
+        self.config, self.policy, self.reward_fn = config, policy, reward_fn
+        self.check_rewards = check_rewards
+        grpo = config.grpo
+        for p in policy.parameters():
+            p.requires_grad_(False)
+        self.parameters = policy.trainable_parameters(grpo.trainable)
+        for p in self.parameters:
+            p.requires_grad_(True)
+        self.reference = copy.deepcopy(policy).requires_grad_(False) if grpo.beta_kl > 0 else None
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=grpo.lr, weight_decay=grpo.weight_decay,
+                                           betas=(0.9, 0.999), eps=1e-8)
+
+    # --- stages ----------------------------------------------------------------------------
+    def rollout(self, prompts: list[Prompt], seeds: np.ndarray) -> Rollout:
+        """Sample every (prompt, seed) with the SDE sampler and score it."""
+        flat = [p for p in prompts for _ in range(seeds.shape[1])]
+        keys = sample_keys(self.config.seed, prompts, seeds)
+        self.policy.eval()
+        traj = sample(self.policy, [p.text for p in flat], keys, self.config.sampler, mode="sde")
+        images = self.policy.decode(traj.final)
+        rewards = self.score(images, flat, "rollout").reshape(seeds.shape)
+        return Rollout(flat, keys, traj, images, rewards)
+
+    def score(self, images: np.ndarray, prompts: list[Prompt], where: str) -> np.ndarray:
+        rewards = np.asarray(self.reward_fn(images, prompts), dtype=np.float64)
+        self.check_rewards(rewards, where)
+        return rewards
+
+    def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
+        steps = rollout.trajectory.trainable_steps
+        k = max(1, int(round(self.config.grpo.timestep_fraction * len(steps))))
+        rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 41))
+        return sorted(rng.choice(steps, size=k, replace=False).tolist()) if steps else []
+
+    def train(self, rollout: Rollout, advantages: Advantages, iteration: int) -> dict[str, float]:
+        """PPO-clipped updates on the groups that carry signal, KL-regularised to the reference."""
+        grpo, sampler = self.config.grpo, self.config.sampler
+        adv = torch.from_numpy(advantages.values.reshape(-1)).float()
+        kept = np.repeat(advantages.kept, advantages.values.shape[1])
+        steps = self.trained_steps(rollout, iteration)
+        totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        if not kept.any() or not steps:
+            return totals
+        traj, updates = rollout.trajectory, 0
+        rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 53))
+        self.policy.train()
+        for _ in range(grpo.inner_epochs):
+            order = rng.permutation(np.flatnonzero(kept))
+            for start in range(0, len(order), grpo.micro_batch):
+                idx = torch.from_numpy(order[start:start + grpo.micro_batch])
+                stats = self._update(traj, idx, adv[idx], [rollout.prompts[i].text for i in idx], steps)
+                for key in totals:
+                    totals[key] += stats[key]
+                updates += 1
+        self.policy.eval()
+        return {k: v / updates for k, v in totals.items()}
+
+    def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
+                steps: list[int]) -> dict[str, float]:
+        grpo, sampler = self.config.grpo, self.config.sampler
+        latents, old_log_probs = traj.latents[idx], traj.log_probs[idx]
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(grpo.trainable == "all"):
+            text = self.policy.encode(texts)
+        ref_text = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_text = self.reference.encode(texts)
+        out = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        for t in steps:
+            dist = transition_distribution(self.policy, latents, t, traj.sigmas, text, sampler)
+            log_prob = gaussian_log_prob(latents[:, t + 1], dist)
+            loss, stats = ppo_clipped_loss(log_prob, old_log_probs[:, t], adv, grpo.clip_range)
+            loss = loss.mean()
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = transition_distribution(self.reference, latents, t, traj.sigmas, ref_text, sampler)
+                kl = kl_to_reference(dist, ref.mean).mean()
+                loss = loss + grpo.beta_kl * kl
+                out["kl_to_reference"] += kl.item() / len(steps)
+            (loss / len(steps)).backward(retain_graph=grpo.trainable == "all")
+            out["loss"] += loss.item() / len(steps)
+            out["clip_fraction"] += stats["clip_fraction"] / len(steps)
+            out["approx_kl"] += stats["approx_kl"] / len(steps)
+        torch.nn.utils.clip_grad_norm_(self.parameters, grpo.max_grad_norm)
+        self.optimizer.step()
+        return out
+
+    # --- one whole iteration in this process ----------------------------------------------------
+    def iteration(self, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> tuple[IterationStats, Rollout]:
+        t0 = time.monotonic()
+        rollout = self.rollout(prompts, seeds)
+        t1 = time.monotonic()
+        grpo = self.config.grpo
+        advantages = group_advantages(rollout.rewards, global_std=grpo.global_std, clip=grpo.adv_clip_max)
+        train_stats = self.train(rollout, advantages, iteration)
+        t2 = time.monotonic()
+        stats = IterationStats(
+            iteration=iteration, reward_mean=float(rollout.rewards.mean()),
+            group_reward_std=float(advantages.group_std.mean()), zero_std_groups=advantages.dropped,
+            groups=len(prompts), seconds={"rollout": t1 - t0, "train": t2 - t1}, **train_stats)
+        return stats, rollout

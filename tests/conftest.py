@@ -1,0 +1,37 @@
+"""Shared fixtures: a private artefact cache and tiny configs that train in seconds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spotlight.config import ModelConfig, load_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Tests never read or write the user's cache; recogniser/base models are trained once per session."""
+    path = tmp_path_factory.mktemp("spotlight-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOTLIGHT_CACHE", str(path))
+    torch.set_num_threads(2)
+    yield path
+    mp.undo()
+
+
+TINY_MODEL = dict(num_layers=1, num_attention_heads=1, attention_head_dim=16, text_dim=16, text_layers=1)
+
+
+@pytest.fixture
+def tiny_model_config() -> ModelConfig:
+    return ModelConfig(**TINY_MODEL)
+
+
+@pytest.fixture
+def tiny_config():
+    """The default OCR config shrunk to train in seconds (same code paths)."""
+    return load_config("configs/digits.yaml", {
+        "model": TINY_MODEL,
+        "pretrain.steps": 3, "pretrain.batch_size": 8, "pretrain.warmup_steps": 1,
+        "grpo.prompts_per_iteration": 2, "grpo.group_size": 4, "grpo.micro_batch": 4,
+        "sampler.num_steps": 4, "validation.max_prompts": 4, "validation.every": 1,
+    })

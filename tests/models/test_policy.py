@@ -1,0 +1,53 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spotlight.models.policy import DigitsPolicy, MissingCheckpointError, pack, unpack
+from spotlight.models.pretrain import base_model_dir, load_base_policy, pretrain
+from spotlight.models.world import render_ocr, to_model_space
+
+
+def test_pack_unpack_round_trip():
+    x = torch.randn(2, 3, 12, 32)
+    tokens = pack(x)
+    assert tokens.shape == (2, 96, 12)
+    assert torch.equal(unpack(tokens, 12, 32), x)
+
+
+def test_policy_predicts_velocity_of_packed_shape(tiny_model_config):
+    policy = DigitsPolicy(tiny_model_config, 12, 32)
+    x = torch.randn(3, *policy.tokens_shape)
+    v = policy.velocity(x, torch.tensor([0.5]), policy.encode(["a", 'a sign that says "1"', "b c d"]))
+    assert v.shape == x.shape and torch.isfinite(v).all()
+    canvas = render_ocr("42", 12, 32, np.random.default_rng(0))
+    decoded = policy.decode(pack(torch.from_numpy(to_model_space(canvas))[None]))
+    assert np.allclose(decoded[0], canvas, atol=1e-6)
+
+
+def test_save_load_round_trip(tmp_path, tiny_model_config):
+    policy = DigitsPolicy(tiny_model_config, 12, 32)
+    policy.save(tmp_path / "p")
+    loaded = DigitsPolicy.load(tmp_path / "p")
+    for (name, a), (_, b) in zip(policy.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(MissingCheckpointError, match="spotlight pretrain"):
+        DigitsPolicy.load(tmp_path / "nowhere")
+
+
+def test_pretrain_smoke_caches_by_config_hash(tiny_config):
+    first = pretrain(tiny_config, progress=False)
+    assert not first.cached and first.steps == 3
+    meta = json.loads((first.directory / "pretrain.json").read_text())
+    assert meta["steps"] == 3 and np.isfinite(meta["final_loss"])
+    again = pretrain(tiny_config, progress=False)
+    assert again.cached and again.directory == first.directory
+    policy = load_base_policy(tiny_config)
+    assert policy.height == 12 and policy.width == 32
+    other = tiny_config.pretrain.__class__(**{**tiny_config.pretrain.__dict__, "seed": 1})
+    tiny_config.pretrain = other
+    assert base_model_dir(tiny_config) != first.directory

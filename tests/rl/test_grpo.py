@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+import torch
+
+from spotlight.rl.grpo import group_advantages, ppo_clipped_loss
+from spotlight.rl.trainer import iteration_prompts, random_seeds
+from spotlight.models.prompts import Prompt
+
+
+def test_group_advantages_standardise_per_prompt_and_drop_flat_groups():
+    rewards = np.array([[0.0, 1.0, 0.5, 0.5], [0.3, 0.3, 0.3, 0.3]])
+    adv = group_advantages(rewards)
+    assert adv.dropped == 1 and adv.kept.tolist() == [True, False]
+    assert np.allclose(adv.values[1], 0.0)
+    assert adv.values[0].mean() == pytest.approx(0.0, abs=1e-12)
+    assert adv.values[0].std() == pytest.approx(1.0, rel=1e-6)
+    assert adv.values[0][1] > 0 > adv.values[0][0]
+
+
+def test_global_std_uses_the_batch_spread():
+    rewards = np.array([[0.0, 0.2], [0.0, 1.0]])
+    adv = group_advantages(rewards, global_std=True)
+    assert adv.values[0, 1] == pytest.approx(0.1 / rewards.std())
+    assert abs(adv.values[0, 1]) < abs(adv.values[1, 1])
+
+
+def test_advantages_are_clipped_and_shape_is_checked():
+    rewards = np.array([[0.0] * 99 + [1.0]])
+    assert group_advantages(rewards, clip=2.0).values.max() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="prompts, group"):
+        group_advantages(np.array([0.1, 0.2]))
+
+
+def test_ppo_loss_clips_the_ratio_in_the_direction_of_the_advantage():
+    old = torch.zeros(2)
+    new = torch.log(torch.tensor([1.5, 0.5]))
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = ppo_clipped_loss(new, old, adv, clip_range=0.2)
+    # Positive advantage: ratio 1.5 is clipped to 1.2; negative: ratio 0.5 clipped to 0.8.
+    assert loss.tolist() == pytest.approx([-1.2, 0.8])
+    assert stats["clip_fraction"] == 1.0
+    same, _ = ppo_clipped_loss(old, old, adv, 0.2)
+    assert same.tolist() == pytest.approx([-1.0, 1.0])
+
+
+def test_iteration_prompts_cycle_through_the_file_deterministically():
+    prompts = [Prompt(text=str(i), task="ocr", target=str(i)) for i in range(5)]
+    first_epoch = [p.text for k in range(5) for p in iteration_prompts(prompts, k, 1, run_seed=0)]
+    assert sorted(first_epoch) == [str(i) for i in range(5)]
+    assert iteration_prompts(prompts, 3, 2, 0) == iteration_prompts(prompts, 3, 2, 0)
+    assert (random_seeds(0, 1, 2, 3) == random_seeds(0, 1, 2, 3)).all()
+    assert not (random_seeds(0, 1, 2, 3) == random_seeds(0, 2, 2, 3)).all()
