@@ -1,0 +1,27 @@
+"""Errors of the run store. Each message names the object (URL) involved and what to do."""
+from __future__ import annotations
+
+
+class StorageError(RuntimeError):
+    """Base class of every error the run store raises on purpose."""
+
+
+class StorageUnavailableError(StorageError):
+    """The storage backend could not be reached (at open, or after retries with backoff)."""
+
+
+class CorruptObjectError(StorageError):
+    """A stored object failed its integrity check (sha256, crc32c, missing chunk, bad JSON)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"corrupt object {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class NotCommittedError(StorageError):
+    """Something was asked for that the run store has no commit record of."""
+
+
+class SinkClosedError(StorageError):
+    """A latent sink was used after close()."""

@@ -1,0 +1,266 @@
+"""Latent streams: the latent of every denoising step of every request, in Zarr v3.
+
+Layout of a stage ``iter-000012/rollout``::
+
+    iter-000012/rollout.zarr/latents/<request>/            array (num_steps + 1, *latent_shape)
+    iter-000012/rollout.zarr/latents/<request>/c/<t>/0/0   one chunk per step (crc32c-checked)
+    iter-000012/rollout.zarr/latents/<request>/commit.json the commit marker
+
+Step 0 is the initial noise, step t the latent after t denoising steps. A step is committed
+when the commit marker says so; the marker is written only after the chunk it covers, so a
+half-written chunk is never taken for a committed one. Latents are stored bit-exactly (same
+dtype, no lossy codec), which with the determinism contract makes a request resumed from
+``resume_point`` produce the same output as one never interrupted.
+
+:class:`storage.sink.LatentSink` moves the writes off the critical path.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import CorruptObjectError, NotCommittedError, StorageError
+from .manifest import stage_key
+from .urls import RunLocation
+
+COMMIT = "commit.json"
+_REQUEST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ResumePoint(NamedTuple):
+    """Where a request may resume: its last committed step, that latent, its weights version."""
+
+    step: int
+    latent: np.ndarray
+    weights_version: int
+
+
+def request_key(request: str | int) -> str:
+    """A request id as stored: str, letters/digits/``._-`` (ints are accepted and stringified)."""
+    key = str(request) if isinstance(request, (int, np.integer)) and not isinstance(request, bool) \
+        else request
+    if not isinstance(key, str) or not _REQUEST.match(key):
+        raise ValueError(f"request id {request!r} must be an int or a string of letters, digits, "
+                         "'.', '_', '-' (at most 128, not starting with a symbol)")
+    return key
+
+
+def stage_store_path(stage: str) -> str:
+    """``iter-12/rollout`` -> ``iter-000012/rollout.zarr``."""
+    return stage_key(stage) + ".zarr"
+
+
+class LatentStreams:
+    """Read and write the latent arrays of a run's stages."""
+
+    def __init__(self, location: RunLocation) -> None:
+        self.location = location
+
+    # -- names --------------------------------------------------------------------------------
+    def _parts(self, stage: str, request: str, *rest: str) -> tuple[str, ...]:
+        return (stage_store_path(stage), "latents", request_key(request), *rest)
+
+    def url(self, stage: str, request: str | int | None = None) -> str:
+        if request is None:
+            return self.location.child_url(stage_store_path(stage))
+        return self.location.child_url(*self._parts(stage, request))
+
+    def _chunk_parts(self, stage: str, request: str, step: int, ndim: int) -> tuple[str, ...]:
+        return self._parts(stage, request, "c", str(step), *["0"] * ndim)
+
+    def store(self, stage: str, read_only: bool = False) -> Any:
+        return self.location.zarr_store(stage_store_path(stage), read_only=read_only)
+
+    # -- reading ------------------------------------------------------------------------------
+    def requests(self, stage: str) -> list[str]:
+        """Request ids with a latent array in ``stage`` (committed or not)."""
+        names = self.location.list_names(stage_store_path(stage), "latents")
+        return [n for n in names if _REQUEST.match(n) and n != "zarr.json"]
+
+    def commit_record(self, stage: str, request: str | int) -> dict | None:
+        """The commit marker of a request (None if nothing is committed)."""
+        parts = self._parts(stage, request, COMMIT)
+        try:
+            data = self.location.read_bytes(*parts)
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(data.decode("utf-8"))
+            int(record["step"]), int(record["weights_version"])
+        except Exception as exc:  # noqa: BLE001 - any failure means a damaged marker
+            raise CorruptObjectError(self.location.child_url(*parts),
+                                     f"unreadable commit marker ({exc})") from exc
+        return record
+
+    def committed_step(self, stage: str, request: str | int) -> int:
+        """Last committed step of a request, -1 if none."""
+        record = self.commit_record(stage, request)
+        return -1 if record is None else int(record["step"])
+
+    def _open_array(self, stage: str, request: str) -> Any:
+        import zarr
+
+        path = "/".join(self._parts(stage, request)[1:])
+        url = self.url(stage, request)
+
+        def open_() -> Any:
+            try:
+                return zarr.open_array(self.store(stage, read_only=True), path=path, mode="r")
+            except (FileNotFoundError, KeyError) as exc:
+                raise CorruptObjectError(url, "committed but its Zarr array is missing") from exc
+
+        return self.location.retry(open_, "open", *self._parts(stage, request))
+
+    def read_steps(self, stage: str, request: str | int, start: int, stop: int,
+                   record: dict | None = None) -> np.ndarray:
+        """Committed latents of steps ``start..stop-1``; an error naming any bad chunk."""
+        record = self.commit_record(stage, request) if record is None else record
+        last = -1 if record is None else int(record["step"])
+        if not 0 <= start < stop <= last + 1:
+            raise NotCommittedError(f"steps {start}..{stop - 1} of {self.url(stage, request)} are "
+                                    f"not all committed (committed through step {last})")
+        arr = self._open_array(stage, request)
+        ndim = arr.ndim - 1
+        # Zarr reads a missing chunk as fill values; a committed step must have its chunk.
+        present = self._chunk_keys(stage, request) if stop - start > 1 else None
+        for step in range(start, stop):
+            chunk = self._chunk_parts(stage, request, step, ndim)
+            found = ("/".join(chunk[-ndim - 2:]) in present) if present is not None \
+                else self.location.exists(*chunk)
+            if not found:
+                raise CorruptObjectError(self.location.child_url(*chunk),
+                                         f"chunk of committed step {step} is missing")
+        try:  # one call: zarr fetches the chunks concurrently
+            return self.location.retry(lambda: arr[start:stop], "read",
+                                       *self._parts(stage, request))
+        except StorageError:
+            raise
+        except Exception:  # noqa: BLE001 - find and name the chunk that fails
+            pass
+        for step in range(start, stop):
+            chunk = self._chunk_parts(stage, request, step, ndim)
+            try:
+                self.location.retry(lambda s=step: arr[s], "read", *chunk)
+            except StorageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - crc32c mismatch, truncated chunk, ...
+                raise CorruptObjectError(self.location.child_url(*chunk),
+                                         f"failed its integrity check ({exc})") from exc
+        raise CorruptObjectError(self.url(stage, request), "unreadable (no single chunk fails)")
+
+    def _chunk_keys(self, stage: str, request: str | int) -> set[str]:
+        """Chunk keys (``c/<t>/0/0``) present for a request, from one recursive listing."""
+        base = self.location.path(*self._parts(stage, request))
+        fs = self.location.fs
+
+        def find() -> list[str]:
+            try:
+                return fs.find(base + "/c")
+            except FileNotFoundError:
+                return []
+
+        paths = self.location.retry(find, "list", *self._parts(stage, request, "c"))
+        prefix = fs._strip_protocol(base).rstrip("/") + "/"
+        return {fs._strip_protocol(p)[len(prefix):] for p in paths}
+
+    def read_trajectory(self, stage: str, request: str | int) -> np.ndarray:
+        """All committed latents of a request, shape (committed steps + 1, *latent_shape)."""
+        record = self.commit_record(stage, request)
+        if record is None:
+            raise NotCommittedError(f"nothing committed for {self.url(stage, request)}")
+        return self.read_steps(stage, request, 0, int(record["step"]) + 1, record)
+
+    def resume_point(self, stage: str, request: str | int) -> ResumePoint | None:
+        """(last committed step, its latent, weights version), or None if nothing is committed."""
+        record = self.commit_record(stage, request)
+        if record is None:
+            return None
+        step = int(record["step"])
+        latent = self.read_steps(stage, request, step, step + 1, record)[0]
+        return ResumePoint(step, latent, int(record["weights_version"]))
+
+    # -- writing (called from the sink's thread) ----------------------------------------------
+    def open_for_write(self, stage: str, request: str, *, num_steps: int, shape: tuple,
+                       dtype: np.dtype, weights_version: int) -> Any:
+        """The request's array, created on first use; checked against an existing one."""
+        import zarr
+        from zarr.codecs import BytesCodec, Crc32cCodec
+        from zarr.errors import ContainsArrayError
+
+        path = "/".join(self._parts(stage, request)[1:])
+        url = self.url(stage, request)
+        store = self.store(stage)
+        dims = ("step", "token", "channel") if len(shape) == 2 else \
+            ("step", *[f"axis_{i}" for i in range(1, len(shape) + 1)])
+        attrs = {"request": request, "stage": stage_key(stage), "num_steps": num_steps,
+                 "weights_version": weights_version}
+
+        def create() -> Any:
+            self._ensure_groups(store)
+            try:
+                return zarr.create_array(
+                    store, name=path, shape=(num_steps + 1, *shape), chunks=(1, *shape),
+                    dtype=dtype, fill_value=np.nan if dtype.kind == "f" else 0,
+                    serializer=BytesCodec(), compressors=[Crc32cCodec()],
+                    chunk_key_encoding={"name": "default", "separator": "/"},
+                    dimension_names=dims, attributes=attrs,
+                    config={"write_empty_chunks": True})  # an all-zero step is still written
+            except ContainsArrayError:
+                return zarr.open_array(store, path=path, mode="r+")
+
+        arr = self.location.retry(create, "create", *self._parts(stage, request))
+        want = (num_steps + 1, *shape)
+        if arr.shape != want or arr.dtype != dtype:
+            raise StorageError(f"{url} exists with shape {arr.shape} {arr.dtype}, but this stream "
+                               f"commits {want} {dtype}; a request must keep its shape and dtype")
+        if int(arr.attrs.get("weights_version", weights_version)) != weights_version:
+            raise StorageError(f"{url} was started with weights version "
+                               f"{arr.attrs['weights_version']}, not {weights_version}; a resumed "
+                               "request must use the weights it started with (see resume_point)")
+        return arr
+
+    @staticmethod
+    def _ensure_groups(store: Any) -> None:
+        """Create the stage's root and ``latents`` groups unless present; other writers may be
+        creating them at the same moment, which local stores report as ContainsGroupError."""
+        import zarr
+        from zarr.errors import ContainsGroupError
+
+        for attempt in range(3):
+            try:
+                zarr.open_group(store, mode="a").require_group("latents")
+                return
+            except ContainsGroupError:
+                if attempt == 2:
+                    raise
+
+    def prepare_stage(self, stage: str) -> None:
+        """Create a stage's Zarr groups (once, before concurrent request writers)."""
+        store = self.store(stage)
+        self.location.retry(lambda: self._ensure_groups(store), "create",
+                            stage_store_path(stage))
+
+    def write_step(self, arr: Any, stage: str, request: str, step: int, latent: np.ndarray) -> None:
+        chunk = self._chunk_parts(stage, request, step, latent.ndim)
+
+        def write() -> None:
+            arr[step] = latent
+
+        self.location.retry(write, f"write latent step {step} to", *chunk)
+
+    def write_commit(self, stage: str, request: str, record: dict) -> None:
+        data = json.dumps(record, sort_keys=True).encode("utf-8")
+        # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a killed
+        # (preempted) process, which is the failure this marker guards against.
+        self.location.write_bytes(data, *self._parts(stage, request, COMMIT), durable=False)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LatentSink":  # lives in storage.sink (which imports this module)
+        from .sink import LatentSink
+
+        return LatentSink
+    raise AttributeError(name)

@@ -1,0 +1,140 @@
+"""RunStore: one run at one URL -- manifest, stage records, latents, rewards, checkpoints."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from .checkpoints import Checkpoint, CheckpointStore
+from .config import StorageConfig
+from .errors import NotCommittedError
+from .latents import LatentStreams, ResumePoint
+from .manifest import Manifest
+from .rewards import RewardTable
+from .sink import LatentSink
+from .urls import RunLocation, check_reachable, open_location
+
+log = logging.getLogger(__name__)
+
+
+class RunStore:
+    """The run store of one run. Open it with :meth:`RunStore.open`."""
+
+    def __init__(self, config: StorageConfig, location: RunLocation) -> None:
+        self.config = config
+        self.location = location
+        self.manifest = Manifest(location)
+        self.latents = LatentStreams(location)
+        self.rewards = RewardTable(location)
+        self.checkpoints = CheckpointStore(location, self.manifest)
+
+    @classmethod
+    def open(cls, target: str | StorageConfig | None = None, *, create: bool = True,
+             **overrides: Any) -> "RunStore":
+        """Open (and with ``create``, initialise) the run at a URL or :class:`StorageConfig`.
+
+        ``overrides`` replace config fields (``RunStore.open("s3://b/run", endpoint_url=...)``).
+        The store is probed first (``check_on_open``): an unreachable store fails here, before
+        any work, with an error naming the URL and endpoint. Without ``create`` a missing run is
+        an error rather than a new run.
+        """
+        if target is None:
+            config = StorageConfig(**overrides)
+        elif isinstance(target, StorageConfig):
+            config = StorageConfig(**{**_fields(target), **overrides}) if overrides else target
+        elif isinstance(target, str):
+            config = StorageConfig(url=target, **overrides)
+        else:
+            raise TypeError(f"RunStore.open takes a URL or a StorageConfig, got "
+                            f"{type(target).__name__}")
+        location = open_location(config)
+        if config.check_on_open:
+            check_reachable(location, create_bucket=config.create_bucket and create)
+        store = cls(config, location)
+        if create:
+            store.manifest.create()
+        elif not store.manifest.exists():
+            raise NotCommittedError(f"no Spotlight run at {location.url} (manifest.json not "
+                                    "found); check the URL")
+        log.info("storage: opened run %s", location.url)
+        return store
+
+    def __reduce__(self) -> tuple:
+        # Workers reopen from the config (credentials travel in memory only, never to storage).
+        return (_reopen, (self.config,))
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """Canonical URL of the run root."""
+        return self.location.url
+
+    @property
+    def storage_options(self) -> dict:
+        """fsspec options for reading this run with plain xarray/fsspec (holds credentials)."""
+        return dict(self.location.storage_options)
+
+    def record_run(self, *, config: Mapping[str, Any] | None = None,
+                   code_version: str | None = None, **info: Any) -> dict:
+        """Record the run's config and code version in the manifest (credentials refused)."""
+        facts = dict(info, storage=self.config.public_dict())
+        if config is not None:
+            facts["config"] = dict(config)
+        if code_version is not None:
+            facts["code_version"] = code_version
+        return self.manifest.set_run_info(**facts)
+
+    # -- stages -------------------------------------------------------------------------------
+    def mark_stage_done(self, stage: str, info: Mapping[str, Any] | None = None) -> dict:
+        """Record ``stage`` complete -- only after all its data is committed (flushed)."""
+        return self.manifest.mark_stage_done(stage, dict(info or {}))
+
+    def is_stage_done(self, stage: str) -> bool:
+        return self.manifest.is_stage_done(stage)
+
+    def stage_record(self, stage: str) -> dict | None:
+        return self.manifest.stage_record(stage)
+
+    # -- latents ------------------------------------------------------------------------------
+    def latent_sink(self, stage: str | None = None, *, queue_size: int | None = None) -> LatentSink:
+        """A background committer of denoising-step latents (close or flush it)."""
+        return LatentSink(self.latents, stage, queue_size=queue_size or self.config.queue_size)
+
+    def resume_point(self, stage: str, request: str | int) -> ResumePoint | None:
+        """(last committed step, latent, weights version) of a request, or None."""
+        return self.latents.resume_point(stage, request)
+
+    def read_trajectory(self, stage: str, request: str | int) -> Any:
+        return self.latents.read_trajectory(stage, request)
+
+    def requests(self, stage: str) -> list[str]:
+        return self.latents.requests(stage)
+
+    # -- rewards ------------------------------------------------------------------------------
+    def append_rewards(self, iteration: int, columns: Mapping[str, Any]) -> Any:
+        return self.rewards.append(iteration, columns)
+
+    def open_rewards(self) -> Any:
+        return self.rewards.open()
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, iteration: int, weights: Mapping[str, Any],
+                        optimizer_state: Any = None, **kwargs: Any) -> dict:
+        return self.checkpoints.save(iteration, weights, optimizer_state, **kwargs)
+
+    def load_checkpoint(self, iteration: int | None = None, **kwargs: Any) -> Checkpoint:
+        return self.checkpoints.load(iteration, **kwargs)
+
+    def latest_checkpoint(self) -> int | None:
+        return self.checkpoints.latest()
+
+
+def _fields(config: StorageConfig) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _reopen(config: StorageConfig) -> RunStore:
+    return RunStore.open(config, create=False)

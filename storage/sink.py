@@ -1,0 +1,258 @@
+"""LatentSink: commit denoising-step latents off the critical path.
+
+``commit`` validates and copies the latent into a bounded queue (blocking when it is full, so
+memory stays bounded) and returns. One background thread drains the queue in batches: it writes
+a batch's chunks concurrently, then each touched request's commit marker -- always after the
+chunks it covers, so commits stay ordered per request. ``flush`` waits until everything queued
+is committed and re-raises the first background error; after an error the sink is failed and
+refuses further work (what was committed before stays committed and readable).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import CorruptObjectError, SinkClosedError, StorageError
+from .latents import LatentStreams, request_key
+from .manifest import stage_key
+
+_STOP = object()
+_IO_THREADS = 8  # concurrent object writes per batch; object stores reward parallel PUTs
+
+
+class _Item(NamedTuple):
+    stage: str
+    request: str
+    step: int
+    latent: np.ndarray
+    num_steps: int
+    weights_version: int
+
+
+class _Stream:
+    """Per-request state of the background thread."""
+
+    __slots__ = ("array", "record", "next_step")
+
+    def __init__(self, array: Any, record: dict) -> None:
+        self.array, self.record = array, record
+        self.next_step = int(record["step"]) + 1
+
+
+class LatentSink:
+    """Asynchronous, ordered, bounded committer of latents for one run (and a default stage)."""
+
+    def __init__(self, streams: LatentStreams, stage: str | None = None, *, queue_size: int = 64):
+        self.streams = streams
+        self.stage = stage_key(stage) if stage is not None else None
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._max_batch = queue_size
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._expected: dict[tuple[str, str], tuple[int, tuple, np.dtype]] = {}
+        self._streams: dict[tuple[str, str], _Stream] = {}
+        self._stages: set[str] = set()
+        self._pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="spotlight-sink-io")
+        self._thread = threading.Thread(target=self._run, name="spotlight-latent-sink", daemon=True)
+        self._thread.start()
+
+    # -- caller side --------------------------------------------------------------------------
+    def commit(self, request: str | int, step: int, latent: Any, *, num_steps: int,
+               weights_version: int, stage: str | None = None) -> None:
+        """Queue the latent of ``step`` (0 = initial noise) of ``request`` and return (blocks
+        only while the queue is full). A request's steps must come in order without gaps,
+        starting at 0 or right after its committed step (see ``resume_point``)."""
+        self._raise_if_failed()
+        if self._closed:
+            raise SinkClosedError("commit() on a closed LatentSink; open a new sink")
+        stage = stage_key(stage) if stage is not None else self.stage
+        if stage is None:
+            raise ValueError("commit() needs stage=... (this sink was opened without a stage)")
+        request = request_key(request)
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not 0 <= step <= num_steps:
+            raise ValueError(f"step {step!r} of request {request!r} must be an int in "
+                             f"[0, num_steps={num_steps}]")
+        latent = _as_array(latent, request, int(step))
+        key = (stage, request)
+        expected = self._expected.get(key)
+        if expected is not None:
+            if int(step) != expected[0]:
+                raise ValueError(f"request {request!r}: step {step} committed after step "
+                                 f"{expected[0] - 1}; steps must be consecutive")
+            if latent.shape != expected[1] or latent.dtype != expected[2]:
+                raise ValueError(f"request {request!r}: step {step} latent is {latent.shape} "
+                                 f"{latent.dtype}, earlier steps were {expected[1]} {expected[2]}")
+        self._expected[key] = (int(step) + 1, latent.shape, latent.dtype)
+        with self._cond:
+            self._pending += 1
+        self._queue.put(_Item(stage, request, int(step), latent, int(num_steps),
+                              int(weights_version)))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every queued latent is committed; re-raise a background error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending and self._error is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"LatentSink.flush: {self._pending} latents still "
+                                       f"uncommitted after {timeout}s")
+                self._cond.wait(left)
+        self._raise_if_failed()
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Commit what is queued, stop the background thread, re-raise a background error."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._pool.shutdown(wait=True)
+        if raise_errors:
+            self._raise_if_failed()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The background error that failed this sink, if any."""
+        return self._error
+
+    def __enter__(self) -> "LatentSink":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        self.close(raise_errors=exc_type is None)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # -- background thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self._max_batch and batch[-1] is not _STOP:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            work = [item for item in batch if item is not _STOP]
+            if work and self._error is None:
+                try:
+                    self._write_batch(work)
+                except _ItemError as failed:
+                    with self._cond:
+                        self._error = _wrap(failed.cause, failed.item,
+                                            self.streams.url(failed.item.stage, failed.item.request))
+                except BaseException as exc:  # noqa: BLE001 - never let flush() wait forever
+                    with self._cond:
+                        self._error = StorageError(f"latent sink failed: {type(exc).__name__}: "
+                                                   f"{exc}")
+                        self._error.__cause__ = exc
+            with self._cond:
+                self._pending -= len(work)
+                self._cond.notify_all()
+            if batch[-1] is _STOP:
+                return
+
+    def _write_batch(self, work: list[_Item]) -> None:
+        # 1. Open (or create) the arrays of requests first seen in this batch, concurrently.
+        first: dict[tuple[str, str], _Item] = {}
+        for item in work:
+            key = (item.stage, item.request)
+            if key not in self._streams and key not in first:
+                first[key] = item
+        for stage in {stage for stage, _ in first} - self._stages:
+            try:
+                self.streams.prepare_stage(stage)
+            except BaseException as exc:  # noqa: BLE001
+                raise _ItemError(next(it for it in first.values() if it.stage == stage), exc)
+            self._stages.add(stage)
+        self._parallel(list(first.values()), self._open_stream)
+        # 2. Check the order against what is committed, then write all chunks concurrently.
+        for item in work:
+            stream = self._streams[(item.stage, item.request)]
+            if item.step != stream.next_step:
+                raise _ItemError(item, StorageError(
+                    f"the stream continues at step {item.step} but the store has committed "
+                    f"through step {stream.next_step - 1}; resume from resume_point() (step "
+                    f"{stream.next_step - 1}) and commit step {stream.next_step}"))
+            stream.next_step += 1
+        self._parallel(work, lambda it: self.streams.write_step(
+            self._streams[(it.stage, it.request)].array, it.stage, it.request, it.step, it.latent))
+        # 3. Only now, one commit marker per touched request, covering its last written step.
+        last: dict[tuple[str, str], _Item] = {(it.stage, it.request): it for it in work}
+        for key, item in last.items():
+            record = self._streams[key].record
+            record["step"], record["updated_at"] = item.step, time.time()
+        self._parallel(list(last.values()), lambda it: self.streams.write_commit(
+            it.stage, it.request, self._streams[(it.stage, it.request)].record))
+
+    def _parallel(self, items: list[_Item], fn: Any) -> None:
+        """Run ``fn`` on every item concurrently; raise the first failure in item order."""
+        futures = [self._pool.submit(fn, it) for it in items]
+        for item, future in zip(items, futures):
+            exc = future.exception()
+            if exc is not None:
+                for f in futures:
+                    f.cancel()
+                raise _ItemError(item, exc)
+
+    def _open_stream(self, item: _Item) -> None:
+        record = self.streams.commit_record(item.stage, item.request)
+        last = -1 if record is None else int(record["step"])
+        if item.step != last + 1:
+            raise StorageError(
+                f"the stream starts at step {item.step} but the store has committed through step "
+                f"{last}; resume from resume_point() (step {last}) and commit step {last + 1}")
+        arr = self.streams.open_for_write(
+            item.stage, item.request, num_steps=item.num_steps, shape=item.latent.shape,
+            dtype=item.latent.dtype, weights_version=item.weights_version)
+        resumes = list(record.get("resumes", [])) if record else []
+        if last >= 0:
+            resumes.append(last)  # picked up after an interruption: record where
+        self._streams[(item.stage, item.request)] = _Stream(arr, {
+            "request": item.request, "stage": item.stage, "step": last,
+            "num_steps": item.num_steps, "weights_version": item.weights_version,
+            "shape": list(item.latent.shape), "dtype": str(item.latent.dtype),
+            "resumes": resumes})
+
+
+class _ItemError(Exception):
+    def __init__(self, item: _Item, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.item, self.cause = item, cause
+
+
+def _as_array(latent: Any, request: str, step: int) -> np.ndarray:
+    if hasattr(latent, "detach"):  # a torch tensor, without importing torch
+        latent = latent.detach().cpu()
+    try:
+        arr = np.array(latent, copy=True, order="C")  # the caller may reuse its buffer
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(f"request {request!r} step {step}: latent of type {type(latent).__name__} "
+                        "cannot become a numpy array; pass float32 numpy or a CPU float tensor "
+                        "(bf16: .float() first)") from exc
+    if arr.dtype.kind not in "fiu" or arr.ndim == 0:
+        raise TypeError(f"request {request!r} step {step}: latent must be a numeric array with "
+                        f"at least one dimension, got {arr.dtype} of shape {arr.shape}")
+    return arr
+
+
+def _wrap(exc: BaseException, item: _Item, url: str) -> BaseException:
+    """The error flush() raises: says which request and step, keeps the original as cause."""
+    if isinstance(exc, CorruptObjectError):
+        return exc
+    where = f"latent sink: request {item.request!r} step {item.step} ({url})"
+    if isinstance(exc, StorageError):
+        err: BaseException = type(exc)(f"{where}: {exc}")
+    else:
+        err = StorageError(f"{where}: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err

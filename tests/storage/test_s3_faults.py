@@ -1,0 +1,108 @@
+"""S3 faults against a real S3 API server (moto) on loopback, through s3fs."""
+from __future__ import annotations
+
+import logging
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from storage import RunStore, StorageConfig, StorageUnavailableError
+
+from .conftest import BUCKET, TEST_KEY, TEST_SECRET
+
+STAGE = "iter-2/rollout"
+SHAPE = (8, 4)
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_s3_fails_at_open_with_a_clear_error(caplog):
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    cfg = StorageConfig(url=f"s3://{BUCKET}/runs/unreachable", endpoint_url=endpoint,
+                        key=TEST_KEY, secret=TEST_SECRET, retries=2, backoff_s=0.01,
+                        connect_timeout_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="storage"):
+        with pytest.raises(StorageUnavailableError) as info:
+            RunStore.open(cfg)
+    message = str(info.value)
+    assert "S3 unreachable" in message and "Nothing was done" in message
+    assert f"s3://{BUCKET}/runs/unreachable" in message and endpoint in message
+    assert "gave up after 3 attempts" in message
+    assert sum("retry" in r.getMessage() for r in caplog.records) == 2
+    assert TEST_SECRET not in message and TEST_KEY not in message
+
+
+def test_missing_bucket_is_a_clear_error(moto_s3):
+    cfg = moto_s3.config(create_bucket=False).with_url("s3://no-such-bucket-here/run")
+    with pytest.raises(StorageUnavailableError, match="no-such-bucket-here.*does not exist"):
+        RunStore.open(cfg)
+
+
+def test_server_stopped_mid_stream_retries_then_fails_clearly(own_moto_s3, caplog):
+    s3 = own_moto_s3
+    store = RunStore.open(s3.config(retries=3, backoff_s=0.02))
+    rng = np.random.default_rng(0)
+    lats = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(6)]
+    store.save_checkpoint(1, {"w": torch.arange(4.0)})
+    store.mark_stage_done("iter-1/rollout", {"requests": 1})
+    sink = store.latent_sink(STAGE)
+    for t in range(3):
+        sink.commit("r0", t, lats[t], num_steps=5, weights_version=2)
+    sink.flush()
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r0"), np.stack(lats[:3]))
+
+    s3.stop()  # the object store goes away mid-run
+    with caplog.at_level(logging.WARNING, logger="storage"):
+        sink.commit("r0", 3, lats[3], num_steps=5, weights_version=2)
+        with pytest.raises(StorageUnavailableError) as info:
+            sink.flush()
+    message = str(info.value)
+    assert "request 'r0' step 3" in message and "gave up after 4 attempts" in message
+    assert s3.endpoint in message and "latents/r0/c/3/0/0" in message
+    retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    assert [m.split("retry ")[1][:3] for m in retries] == ["1/3", "2/3", "3/3"]
+    with pytest.raises(StorageUnavailableError):  # the sink stays failed, loudly
+        sink.commit("r0", 4, lats[4], num_steps=5, weights_version=2)
+    sink.close(raise_errors=False)
+    with pytest.raises(StorageUnavailableError, match="manifest.json"):
+        store.mark_stage_done(STAGE)
+
+    s3.restart()  # same port; what was committed before the outage is intact
+    point = store.resume_point(STAGE, "r0")
+    assert point.step == 2 and point.weights_version == 2
+    np.testing.assert_array_equal(point.latent, lats[2])
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r0"), np.stack(lats[:3]))
+    assert store.is_stage_done("iter-1/rollout") and not store.is_stage_done(STAGE)
+    assert torch.equal(store.load_checkpoint(1).weights["w"], torch.arange(4.0))
+    # ... and the request resumes where it stopped.
+    with store.latent_sink(STAGE) as sink:
+        for t in range(3, 6):
+            sink.commit("r0", t, lats[t], num_steps=5, weights_version=2)
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r0"), np.stack(lats))
+
+
+def test_permanent_errors_are_not_retried(moto_s3, caplog):
+    store = RunStore.open(moto_s3.config())
+    with caplog.at_level(logging.WARNING, logger="storage"):
+        with pytest.raises(FileNotFoundError, match="nothing-here"):
+            store.location.read_bytes("nothing-here.json")
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]
+
+
+def test_env_credentials_and_endpoint(moto_s3, monkeypatch):
+    """A config without endpoint/key/secret takes them from the standard AWS variables."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET)
+    store = RunStore.open(StorageConfig(url=f"s3://{BUCKET}/runs/from-env", create_bucket=True))
+    store.mark_stage_done("iter-0/explore")
+    assert store.location.endpoint_url == moto_s3.endpoint
+    assert RunStore.open(moto_s3.config("runs/from-env"), create=False).is_stage_done(
+        "iter-0/explore")
