@@ -48,6 +48,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from pipelines.audit import audit_table, decoder_for_run, request_strip
+    from storage import RunStore, StorageConfig, StorageError
+
+    if (args.iteration is None) != (args.request is None):
+        print("error: --iteration and --request go together (one request's strip)", file=sys.stderr)
+        return 2
+    if args.iteration is None and (args.stage or args.png):
+        print("error: --stage and --png need --iteration K --request R", file=sys.stderr)
+        return 2
+    try:
+        config = StorageConfig(url=args.run_url, endpoint_url=args.endpoint_url)
+        # Reading must create nothing: the local probe would make a missing directory.
+        store = RunStore.open(config, create=False, check_on_open=config.scheme != "file")
+        print(audit_table(store))
+        if args.iteration is not None:
+            png = args.png or f"audit-iter{args.iteration}-{args.request}.png"
+            request_strip(store, args.iteration, args.request, png, decode=decoder_for_run(store),
+                          stage=args.stage)
+            print(f"strip: {png}")
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spotlight", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="config YAML (default: the task's)")
     p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("audit", help="print a run's per-iteration audit table from its store; "
+                                     "with --iteration/--request, write one request's PNG strip")
+    p.add_argument("run_url", help="run URL: a path, file://PATH or s3://BUCKET/PREFIX")
+    p.add_argument("--iteration", type=int, metavar="K", help="iteration of the request to draw")
+    p.add_argument("--request", metavar="R", help="request id to draw (every committed step)")
+    p.add_argument("--stage", help="explore, rollout or validation (default: the first stage of "
+                                   "the iteration that holds the request)")
+    p.add_argument("--png", metavar="PATH",
+                   help="where to write the strip (default audit-iterK-R.png here)")
+    p.add_argument("--endpoint-url", default=None,
+                   help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL); "
+                        "credentials come from the standard AWS environment variables")
+    p.set_defaults(func=cmd_audit)
     return parser
 
 

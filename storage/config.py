@@ -48,6 +48,12 @@ class StorageConfig:
     queue_size: int = 64
     """Latent commits a sink may hold before ``commit()`` blocks (back-pressure, bounded memory)."""
 
+    commit_interval_s: float = 1.0
+    """Longest a latent sink holds back a request's commit marker after a written step (the
+    final step and ``flush()`` commit at once). 0 writes a marker after every write batch: two
+    object writes per step instead of about one, for at most this much recomputation after a
+    preemption."""
+
     retries: int = 4
     """Retries of a transient storage error after the first attempt; then a clear error."""
 
@@ -84,6 +90,7 @@ class StorageConfig:
             raise ValueError(f"StorageConfig.endpoint_url = {self.endpoint_url!r} must start with "
                              "http:// or https://")
         _check_int("queue_size", self.queue_size, 1, 1_000_000)
+        _check_float("commit_interval_s", self.commit_interval_s, 0.0, 3600.0)
         _check_int("retries", self.retries, 0, 100)
         _check_float("backoff_s", self.backoff_s, 0.0, 600.0)
         _check_float("max_backoff_s", self.max_backoff_s, 0.0, 3600.0)

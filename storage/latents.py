@@ -84,7 +84,7 @@ class LatentStreams:
         """The commit marker of a request (None if nothing is committed)."""
         parts = self._parts(stage, request, COMMIT)
         try:
-            data = self.location.read_bytes(*parts)
+            data = self.location.read_bytes(*parts, small=True)
         except FileNotFoundError:
             return None
         try:
@@ -184,33 +184,32 @@ class LatentStreams:
 
     # -- writing (called from the sink's thread) ----------------------------------------------
     def open_for_write(self, stage: str, request: str, *, num_steps: int, shape: tuple,
-                       dtype: np.dtype, weights_version: int) -> Any:
-        """The request's array, created on first use; checked against an existing one."""
+                       dtype: np.dtype, weights_version: int, fresh: bool = False) -> Any:
+        """The request's array, created on first use; checked against an existing one.
+
+        ``fresh``: the caller has seen that nothing of the request is committed and has run
+        :meth:`prepare_stage`. Then the array's metadata is written in one PUT, without
+        zarr's existence checks and parent-group writes (about twenty S3 round trips per
+        request); an uncommitted array left by an earlier attempt is simply replaced.
+        """
         import zarr
-        from zarr.codecs import BytesCodec, Crc32cCodec
         from zarr.errors import ContainsArrayError
 
         path = "/".join(self._parts(stage, request)[1:])
         url = self.url(stage, request)
         store = self.store(stage)
-        dims = ("step", "token", "channel") if len(shape) == 2 else \
-            ("step", *[f"axis_{i}" for i in range(1, len(shape) + 1)])
-        attrs = {"request": request, "stage": stage_key(stage), "num_steps": num_steps,
-                 "weights_version": weights_version}
+        spec = _array_spec(stage, request, num_steps, tuple(shape), np.dtype(dtype),
+                           weights_version)
 
         def create() -> Any:
             self._ensure_groups(store)
             try:
-                return zarr.create_array(
-                    store, name=path, shape=(num_steps + 1, *shape), chunks=(1, *shape),
-                    dtype=dtype, fill_value=np.nan if dtype.kind == "f" else 0,
-                    serializer=BytesCodec(), compressors=[Crc32cCodec()],
-                    chunk_key_encoding={"name": "default", "separator": "/"},
-                    dimension_names=dims, attributes=attrs,
-                    config={"write_empty_chunks": True})  # an all-zero step is still written
+                return zarr.create_array(store, name=path, **spec)
             except ContainsArrayError:
                 return zarr.open_array(store, path=path, mode="r+")
 
+        if fresh:
+            return self._create_fresh(stage, request, store, path, spec)
         arr = self.location.retry(create, "create", *self._parts(stage, request))
         want = (num_steps + 1, *shape)
         if arr.shape != want or arr.dtype != dtype:
@@ -221,6 +220,21 @@ class LatentStreams:
                                f"{arr.attrs['weights_version']}, not {weights_version}; a resumed "
                                "request must use the weights it started with (see resume_point)")
         return arr
+
+    def _create_fresh(self, stage: str, request: str, store: Any, path: str, spec: dict) -> Any:
+        """Write a new array's ``zarr.json`` in one request and return the array, unread."""
+        import zarr
+        from zarr.core.array import AsyncArray
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.storage import StorePath
+
+        # zarr builds (and validates) the metadata in memory; only its document travels.
+        template = zarr.create_array(zarr.storage.MemoryStore(), name=path, **spec)
+        metadata = template.metadata
+        document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
+        self.location.write_bytes(document, *self._parts(stage, request, "zarr.json"),
+                                  durable=False)
+        return zarr.Array(AsyncArray(metadata, StorePath(store, path), config=spec["config"]))
 
     @staticmethod
     def _ensure_groups(store: Any) -> None:
@@ -256,6 +270,23 @@ class LatentStreams:
         # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a killed
         # (preempted) process, which is the failure this marker guards against.
         self.location.write_bytes(data, *self._parts(stage, request, COMMIT), durable=False)
+
+
+def _array_spec(stage: str, request: str, num_steps: int, shape: tuple, dtype: np.dtype,
+                weights_version: int) -> dict:
+    """``zarr.create_array`` arguments of a request's latent array: one chunk per step."""
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
+    dims = ("step", "token", "channel") if len(shape) == 2 else \
+        ("step", *[f"axis_{i}" for i in range(1, len(shape) + 1)])
+    return dict(shape=(num_steps + 1, *shape), chunks=(1, *shape), dtype=dtype,
+                fill_value=np.nan if dtype.kind == "f" else 0,
+                serializer=BytesCodec(), compressors=[Crc32cCodec()],
+                chunk_key_encoding={"name": "default", "separator": "/"},
+                dimension_names=dims,
+                attributes={"request": request, "stage": stage_key(stage),
+                            "num_steps": num_steps, "weights_version": weights_version},
+                config={"write_empty_chunks": True})  # an all-zero step is still written
 
 
 def __getattr__(name: str) -> Any:

@@ -88,7 +88,7 @@ class Manifest:
 
     def read(self) -> dict:
         """The current manifest (a fresh read every call); an error if it is unreadable."""
-        data = self.location.read_bytes(MANIFEST)
+        data = self.location.read_bytes(MANIFEST, small=True)
         try:
             manifest = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

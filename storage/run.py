@@ -97,9 +97,12 @@ class RunStore:
         return self.manifest.stage_record(stage)
 
     # -- latents ------------------------------------------------------------------------------
-    def latent_sink(self, stage: str | None = None, *, queue_size: int | None = None) -> LatentSink:
+    def latent_sink(self, stage: str | None = None, *, queue_size: int | None = None,
+                    commit_interval_s: float | None = None) -> LatentSink:
         """A background committer of denoising-step latents (close or flush it)."""
-        return LatentSink(self.latents, stage, queue_size=queue_size or self.config.queue_size)
+        interval = self.config.commit_interval_s if commit_interval_s is None else commit_interval_s
+        return LatentSink(self.latents, stage, queue_size=queue_size or self.config.queue_size,
+                          commit_interval_s=interval)
 
     def resume_point(self, stage: str, request: str | int) -> ResumePoint | None:
         """(last committed step, latent, weights version) of a request, or None."""

@@ -2,10 +2,16 @@
 
 ``commit`` validates and copies the latent into a bounded queue (blocking when it is full, so
 memory stays bounded) and returns. One background thread drains the queue in batches: it writes
-a batch's chunks concurrently, then each touched request's commit marker -- always after the
-chunks it covers, so commits stay ordered per request. ``flush`` waits until everything queued
+a batch's chunks concurrently, then the touched requests' commit markers -- always after the
+chunks they cover, so commits stay ordered per request. ``flush`` waits until everything queued
 is committed and re-raises the first background error; after an error the sink is failed and
 refuses further work (what was committed before stays committed and readable).
+
+Markers are coalesced: a request's marker is written at most ``commit_interval_s`` after the
+first chunk it does not yet cover (at once for a request's final step, and on ``flush`` and
+``close``). A request streaming one step per tenth of a second then costs one object write per
+step plus a few markers, instead of two writes per step; a preemption loses at most the
+uncovered steps of that interval, which the resumed request recomputes identically.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from .latents import LatentStreams, request_key
 from .manifest import stage_key
 
 _STOP = object()
+_FLUSH = object()  # write every due-or-not marker, then count as done (see flush())
 _IO_THREADS = 8  # concurrent object writes per batch; object stores reward parallel PUTs
 
 
@@ -47,9 +54,13 @@ class _Stream:
 class LatentSink:
     """Asynchronous, ordered, bounded committer of latents for one run (and a default stage)."""
 
-    def __init__(self, streams: LatentStreams, stage: str | None = None, *, queue_size: int = 64):
+    def __init__(self, streams: LatentStreams, stage: str | None = None, *, queue_size: int = 64,
+                 commit_interval_s: float = 0.0):
         self.streams = streams
         self.stage = stage_key(stage) if stage is not None else None
+        self.commit_interval_s = float(commit_interval_s)
+        # Requests whose written chunks no marker covers yet: key -> (marker due at, last item).
+        self._uncovered: dict[tuple[str, str], tuple[float, _Item]] = {}
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._max_batch = queue_size
         self._cond = threading.Condition()
@@ -99,6 +110,16 @@ class LatentSink:
     def flush(self, timeout: float | None = None) -> None:
         """Block until every queued latent is committed; re-raise a background error."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._raise_if_failed()
+        if not self._closed:  # ask the thread to write the markers it holds back
+            with self._cond:
+                self._pending += 1
+            try:
+                self._queue.put(_FLUSH, timeout=timeout)
+            except queue.Full:
+                with self._cond:
+                    self._pending -= 1
+                raise TimeoutError(f"LatentSink.flush: the queue stayed full for {timeout}s")
         with self._cond:
             while self._pending and self._error is None:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -136,32 +157,50 @@ class LatentSink:
     # -- background thread --------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < self._max_batch and batch[-1] is not _STOP:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            work = [item for item in batch if item is not _STOP]
-            if work and self._error is None:
+            batch = self._take()
+            work = [item for item in batch if isinstance(item, _Item)]
+            forced = any(item is _FLUSH or item is _STOP for item in batch)
+            if self._error is None:
                 try:
                     self._write_batch(work)
+                    self._write_markers(forced)
                 except _ItemError as failed:
-                    with self._cond:
-                        self._error = _wrap(failed.cause, failed.item,
-                                            self.streams.url(failed.item.stage, failed.item.request))
+                    self._fail(_wrap(failed.cause, failed.item,
+                                     self.streams.url(failed.item.stage, failed.item.request)))
                 except BaseException as exc:  # noqa: BLE001 - never let flush() wait forever
-                    with self._cond:
-                        self._error = StorageError(f"latent sink failed: {type(exc).__name__}: "
-                                                   f"{exc}")
-                        self._error.__cause__ = exc
+                    error = StorageError(f"latent sink failed: {type(exc).__name__}: {exc}")
+                    error.__cause__ = exc
+                    self._fail(error)
             with self._cond:
-                self._pending -= len(work)
+                self._pending -= sum(1 for item in batch if item is not _STOP)
                 self._cond.notify_all()
-            if batch[-1] is _STOP:
+            if batch and batch[-1] is _STOP:
                 return
 
+    def _take(self) -> list:
+        """The next batch from the queue; [] when a held-back marker falls due first."""
+        timeout = None
+        if self._uncovered:
+            timeout = max(0.0, min(due for due, _ in self._uncovered.values()) - time.monotonic())
+        try:
+            batch = [self._queue.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while len(batch) < self._max_batch and batch[-1] is not _STOP:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._error = error
+            self._uncovered.clear()
+
     def _write_batch(self, work: list[_Item]) -> None:
+        if not work:
+            return
         # 1. Open (or create) the arrays of requests first seen in this batch, concurrently.
         first: dict[tuple[str, str], _Item] = {}
         for item in work:
@@ -186,16 +225,37 @@ class LatentSink:
             stream.next_step += 1
         self._parallel(work, lambda it: self.streams.write_step(
             self._streams[(it.stage, it.request)].array, it.stage, it.request, it.step, it.latent))
-        # 3. Only now, one commit marker per touched request, covering its last written step.
-        last: dict[tuple[str, str], _Item] = {(it.stage, it.request): it for it in work}
-        for key, item in last.items():
-            record = self._streams[key].record
+        # 3. Only now may markers cover these steps: due at once for a finished request, else
+        #    commit_interval_s after the first step no marker covers yet.
+        now = time.monotonic()
+        for item in work:
+            key = (item.stage, item.request)
+            due = self._uncovered[key][0] if key in self._uncovered else \
+                now + self.commit_interval_s
+            if item.step >= item.num_steps:
+                due = now
+            self._uncovered[key] = (due, item)
+
+    def _write_markers(self, forced: bool) -> None:
+        """One commit marker per request that is due (all of them if ``forced``)."""
+        now = time.monotonic()
+        due = [item for at, item in self._uncovered.values() if forced or at <= now]
+        for item in due:
+            record = self._streams[(item.stage, item.request)].record
             record["step"], record["updated_at"] = item.step, time.time()
-        self._parallel(list(last.values()), lambda it: self.streams.write_commit(
+        self._parallel(due, lambda it: self.streams.write_commit(
             it.stage, it.request, self._streams[(it.stage, it.request)].record))
+        for item in due:
+            del self._uncovered[(item.stage, item.request)]
 
     def _parallel(self, items: list[_Item], fn: Any) -> None:
         """Run ``fn`` on every item concurrently; raise the first failure in item order."""
+        if len(items) == 1:  # the common case of a steady stream: no hop to a pool thread
+            try:
+                fn(items[0])
+            except BaseException as exc:  # noqa: BLE001 - reported like a pool failure
+                raise _ItemError(items[0], exc)
+            return
         futures = [self._pool.submit(fn, it) for it in items]
         for item, future in zip(items, futures):
             exc = future.exception()
@@ -213,7 +273,7 @@ class LatentSink:
                 f"{last}; resume from resume_point() (step {last}) and commit step {last + 1}")
         arr = self.streams.open_for_write(
             item.stage, item.request, num_steps=item.num_steps, shape=item.latent.shape,
-            dtype=item.latent.dtype, weights_version=item.weights_version)
+            dtype=item.latent.dtype, weights_version=item.weights_version, fresh=record is None)
         resumes = list(record.get("resumes", [])) if record else []
         if last >= 0:
             resumes.append(last)  # picked up after an interruption: record where
@@ -231,12 +291,13 @@ class _ItemError(Exception):
 
 
 def _as_array(latent: Any, request: str, step: int) -> np.ndarray:
-    if hasattr(latent, "detach"):  # a torch tensor, without importing torch
-        latent = latent.detach().cpu()
+    kind = type(latent).__name__
     try:
+        if hasattr(latent, "detach"):  # a torch tensor, without importing torch
+            latent = latent.detach().cpu().numpy()  # a view; copied just below
         arr = np.array(latent, copy=True, order="C")  # the caller may reuse its buffer
     except Exception as exc:  # noqa: BLE001
-        raise TypeError(f"request {request!r} step {step}: latent of type {type(latent).__name__} "
+        raise TypeError(f"request {request!r} step {step}: latent of type {kind} "
                         "cannot become a numpy array; pass float32 numpy or a CPU float tensor "
                         "(bf16: .float() first)") from exc
     if arr.dtype.kind not in "fiu" or arr.ndim == 0:

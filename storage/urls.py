@@ -7,6 +7,8 @@ an unreachable or misconfigured store fails before any work, naming the URL and 
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import uuid
@@ -89,13 +91,18 @@ class RunLocation:
         else:
             self.retry(lambda: self.fs.pipe_file(path, data), "write", *parts)
 
-    def read_bytes(self, *parts: str) -> bytes:
-        """Read one object; FileNotFoundError (naming the URL) if it does not exist."""
+    def read_bytes(self, *parts: str, small: bool = False) -> bytes:
+        """Read one object; FileNotFoundError (naming the URL) if it does not exist.
+
+        ``small``: a few kilobytes at most (markers, manifests): one GET, without the size
+        probe s3fs makes first to split large objects into concurrent ranged reads.
+        """
         path = self.path(*parts)
+        options = {"max_concurrency": 1} if small and _splits_large_reads(self.fs) else {}
 
         def read() -> bytes:
             try:
-                return self.fs.cat_file(path)
+                return self.fs.cat_file(path, **options)
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.child_url(*parts)} does not exist") from None
 
@@ -128,6 +135,21 @@ class RunLocation:
                 pass
 
         self.retry(rm, "remove", *parts)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_max_concurrency(fs_type: type) -> bool:
+    cat = getattr(fs_type, "_cat_file", None)
+    try:
+        return cat is not None and "max_concurrency" in inspect.signature(cat).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _splits_large_reads(fs: Any) -> bool:
+    """Whether ``fs.cat_file`` takes ``max_concurrency`` (newer s3fs; then it probes the size
+    of every object before reading it)."""
+    return _takes_max_concurrency(type(fs))
 
 
 def _atomic_local_write(path: str, data: bytes, durable: bool) -> None:

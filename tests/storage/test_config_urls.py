@@ -23,6 +23,7 @@ from storage.urls import open_location, s3_options
     ({"backoff_s": 2.0, "max_backoff_s": 1.0}, "max_backoff_s"),
     ({"key": "only-the-key"}, "together"),
     ({"queue_size": True}, "queue_size"),
+    ({"commit_interval_s": -1.0}, "commit_interval_s"),
 ])
 def test_bad_config_is_refused_with_a_clear_message(fields, match):
     with pytest.raises(ValueError, match=match):

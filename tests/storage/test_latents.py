@@ -258,3 +258,65 @@ def test_two_workers_start_the_same_new_stage_at_once(store_config):
     assert reader.requests("iter-7/explore") == [f"w{w}-r{r}" for w in range(2) for r in range(3)]
     for w in range(2):
         assert np.all(reader.resume_point("iter-7/explore", f"w{w}-r2").latent == w)
+
+
+def _count_markers(monkeypatch, store) -> list:
+    written: list = []
+    real = store.latents.write_commit
+
+    def counting(stage, request, record):
+        real(stage, request, record)
+        written.append(record["step"])
+
+    monkeypatch.setattr(store.latents, "write_commit", counting)
+    return written
+
+
+def _wait_for_step(store, request, step, timeout=10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if store.latents.committed_step(STAGE, request) == step:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_markers_are_coalesced_and_flush_commits_everything(monkeypatch):
+    store = RunStore.open("memory://spotlight-tests/coalesced")
+    markers = _count_markers(monkeypatch, store)
+    sink = store.latent_sink(STAGE, commit_interval_s=600)
+    latent = np.ones(SHAPE, np.float32)
+    for t in range(4):
+        sink.commit("r", t, latent * t, num_steps=8, weights_version=0)
+    sink.flush()  # held-back markers are written now, covering every written step
+    assert store.latents.committed_step(STAGE, "r") == 3 and markers == [3]
+    for t in range(4, 9):  # the final step commits at once, without a flush
+        sink.commit("r", t, latent * t, num_steps=8, weights_version=0)
+    assert _wait_for_step(store, "r", 8)
+    assert markers == [3, 8]
+    sink.close()
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r")[:, 0, 0], np.arange(9.0))
+
+
+def test_held_back_marker_is_written_when_due_without_flush(monkeypatch):
+    store = RunStore.open("memory://spotlight-tests/due")
+    markers = _count_markers(monkeypatch, store)
+    with store.latent_sink(STAGE, commit_interval_s=0.1) as sink:
+        sink.commit("r", 0, np.zeros(SHAPE, np.float32), num_steps=5, weights_version=0)
+        sink.commit("r", 1, np.ones(SHAPE, np.float32), num_steps=5, weights_version=0)
+        assert _wait_for_step(store, "r", 1)  # the producer went quiet; the marker still came
+        assert markers == [1]
+
+
+def test_uncommitted_array_of_an_earlier_attempt_is_replaced(store_config):
+    store = RunStore.open(store_config)
+    store.latents.prepare_stage(STAGE)
+    # A worker created the array (another shape) and died before committing anything.
+    store.latents.open_for_write(STAGE, "r", num_steps=2, shape=(3, 3), dtype=np.dtype("float64"),
+                                 weights_version=9)
+    with store.latent_sink(STAGE) as sink:
+        final = run_request(sink, "r", seed=5, num_steps=3)
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r")[-1], final)
+    assert store.resume_point(STAGE, "r").weights_version == 3
