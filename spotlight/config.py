@@ -63,6 +63,8 @@ class WorldConfig(Validated):
                      choices=("ocr", "geneval"))
     canvas_height: int = spec(12, "Canvas height in pixels (even, for 2x2 packing).", range=(8, 64))
     canvas_width: int = spec(32, "Canvas width in pixels (even, for 2x2 packing).", range=(16, 128))
+    glyphs_per_class: int = spec(6, "Handwritten instances per digit the world draws from "
+                                 "(0 = all ~180); fewer styles pretrain faster.", range=(0, 200))
     train_prompts: str = spec("configs/prompts/ocr_train.txt", "Training prompt file.")
     val_prompts: str = spec("configs/prompts/ocr_val.txt", "Held-out validation prompt file.")
 
@@ -88,6 +90,8 @@ class ModelConfig(Validated):
     text_dim: int = spec(64, "Prompt-encoder width (the transformer's joint_attention_dim).",
                          range=(8, 4096))
     text_layers: int = spec(2, "Prompt-encoder transformer layers.", range=(0, 12))
+    prediction: str = spec("sample", "What the transformer outputs: 'sample' (clean canvas, "
+                           "converted to velocity) or 'velocity'.", choices=("sample", "velocity"))
     max_prompt_tokens: int = spec(24, "Prompt tokens kept after word/digit tokenisation.",
                                   range=(4, 256))
 
@@ -101,11 +105,11 @@ class ModelConfig(Validated):
 class PretrainConfig(Validated):
     """Flow-matching pretraining of the base model on composed canvases."""
 
-    steps: int = spec(4000, "Optimizer steps (the time budget may stop earlier).", range=(1, 10**7))
-    time_budget_s: float = spec(240.0, "Wall-clock cap on training.", range=(1.0, 86400.0))
-    batch_size: int = spec(64, "Canvases per step.", range=(1, 4096))
-    lr: float = spec(1e-3, "Peak AdamW learning rate.", range=(1e-7, 1.0))
-    warmup_steps: int = spec(100, "Linear warm-up steps.", range=(0, 10**6))
+    steps: int = spec(2000, "Optimizer steps (the time budget may stop earlier).", range=(1, 10**7))
+    time_budget_s: float = spec(280.0, "Wall-clock cap on training.", range=(1.0, 86400.0))
+    batch_size: int = spec(32, "Canvases per step.", range=(1, 4096))
+    lr: float = spec(2e-3, "Peak AdamW learning rate.", range=(1e-7, 1.0))
+    warmup_steps: int = spec(50, "Linear warm-up steps.", range=(0, 10**6))
     seed: int = spec(0, "Seed of data composition and initialisation.", range=(0, 2**31 - 1))
 
 
@@ -142,19 +146,19 @@ class SamplerConfig(Validated):
 class GRPOConfig(Validated):
     """Flow-GRPO optimisation."""
 
-    prompts_per_iteration: int = spec(8, "Prompts per iteration.", range=(1, 4096))
+    prompts_per_iteration: int = spec(16, "Prompts per iteration.", range=(1, 4096))
     group_size: int = spec(8, "Samples (seeds) per prompt.", range=(2, 1024))
-    lr: float = spec(1e-4, "AdamW learning rate.", range=(1e-8, 1.0))
+    lr: float = spec(3e-4, "AdamW learning rate.", range=(1e-8, 1.0))
     weight_decay: float = spec(0.0, "AdamW weight decay.", range=(0.0, 1.0))
     clip_range: float = spec(0.2, "PPO ratio clip.", range=(1e-4, 10.0))
     adv_clip_max: float = spec(5.0, "Advantages are clipped to [-x, x].", range=(0.1, 100.0))
     beta_kl: float = spec(0.004, "Weight of the KL to the frozen reference (0 disables).",
                           range=(0.0, 10.0))
-    timestep_fraction: float = spec(1.0, "Fraction of SDE steps trained per sample.",
+    timestep_fraction: float = spec(0.5, "Fraction of SDE steps trained per sample.",
                                     range=(0.01, 1.0))
     global_std: bool = spec(False, "Normalise advantages by the batch std instead of per prompt.")
     inner_epochs: int = spec(1, "Passes over each rollout batch.", range=(1, 100))
-    micro_batch: int = spec(32, "Samples per backward pass.", range=(1, 4096))
+    micro_batch: int = spec(64, "Samples per backward pass.", range=(1, 4096))
     max_grad_norm: float = spec(1.0, "Gradient clipping norm.", range=(1e-3, 1e6))
     trainable: str = spec("transformer", "'transformer' or 'all' (also the prompt encoder).",
                           choices=("transformer", "all"))

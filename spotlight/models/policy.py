@@ -22,6 +22,7 @@ from spotlight.models.world import to_pixels
 
 CHANNELS = 3
 PATCH = 2
+SIGMA_MIN = 0.05  # below this, x0 -> velocity conversion would amplify errors
 
 
 class MissingCheckpointError(FileNotFoundError):
@@ -82,7 +83,12 @@ class DigitsPolicy(nn.Module):
             img_shapes=[shape] * latents.shape[0],
             return_dict=False,
         )[0]
-        return out
+        if self.config.prediction == "velocity":
+            return out
+        # Clean-canvas prediction: pixel data lies on a low-dimensional manifold that a small
+        # network hits sooner than the noise-dominated velocity; convert with v = (x - x0) / sigma.
+        sigma = sigma.reshape(-1, 1, 1).to(out.dtype).clamp_min(SIGMA_MIN)
+        return (latents - out) / sigma
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """Packed latents -> float32 pixels (B, 3, H, W) in [0, 1]."""

@@ -22,7 +22,7 @@ from spotlight.config import RunConfig, config_hash
 from spotlight.models.policy import DigitsPolicy, pack
 from spotlight.models.world import random_prompt, render, to_model_space
 
-CODE_VERSION = 1  # bump when the world or the training recipe changes what a config produces
+CODE_VERSION = 2  # bump when the world or the training recipe changes what a config produces
 
 
 @dataclass
@@ -36,6 +36,7 @@ class PretrainResult:
 
 def base_model_dir(config: RunConfig) -> Path:
     key = config_hash(config.world.task, config.world.canvas_height, config.world.canvas_width,
+                      config.world.glyphs_per_class,
                       config.model, config.pretrain, CODE_VERSION)
     return cache_dir() / f"base-{config.world.task}-{key}"
 
@@ -44,7 +45,8 @@ def composed_batch(config: RunConfig, rng: np.random.Generator) -> tuple[list[st
     """Random prompts of the task and canvases drawn for them, in model space."""
     world = config.world
     prompts = [random_prompt(world.task, rng) for _ in range(config.pretrain.batch_size)]
-    canvases = np.stack([render(p, world.canvas_height, world.canvas_width, rng) for p in prompts])
+    canvases = np.stack([render(p, world.canvas_height, world.canvas_width, rng, world.glyphs_per_class)
+                         for p in prompts])
     return [p.text for p in prompts], torch.from_numpy(to_model_space(canvases))
 
 

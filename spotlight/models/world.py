@@ -35,15 +35,17 @@ def digit_images() -> tuple[np.ndarray, np.ndarray]:
     return (data.images / 16.0).astype(np.float32), data.target.astype(np.int64)
 
 
-@lru_cache(maxsize=1)
-def _by_class() -> tuple[np.ndarray, ...]:
+@lru_cache(maxsize=8)
+def _by_class(glyphs: int = 0) -> tuple[np.ndarray, ...]:
     images, labels = digit_images()
-    return tuple(np.flatnonzero(labels == d) for d in range(10))
+    pools = tuple(np.flatnonzero(labels == d) for d in range(10))
+    return tuple(pool[:glyphs] if glyphs else pool for pool in pools)
 
 
-def sample_digit(digit: int, rng: np.random.Generator) -> np.ndarray:
-    """A random handwritten instance of ``digit`` (8x8, [0, 1])."""
-    pool = _by_class()[digit]
+def sample_digit(digit: int, rng: np.random.Generator, glyphs: int = 0) -> np.ndarray:
+    """A random handwritten instance of ``digit`` (8x8, [0, 1]) from the first ``glyphs`` of its
+    class (0 = all ~180)."""
+    pool = _by_class(glyphs)[digit]
     return digit_images()[0][pool[rng.integers(len(pool))]]
 
 
@@ -54,19 +56,21 @@ def paste(canvas: np.ndarray, glyph: np.ndarray, color: tuple[float, float, floa
     np.maximum(region, glyph[None] * np.asarray(color, np.float32)[:, None, None], out=region)
 
 
-def render_ocr(target: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """A white digit string on the canvas's middle line, centred, with small random jitter.
+def render_ocr(target: str, height: int, width: int, rng: np.random.Generator,
+               glyphs: int = 0) -> np.ndarray:
+    """A white digit string on the canvas's middle line, left-aligned, with small jitter.
 
-    The layout varies little on purpose: the base model then spends its few minutes of
-    pretraining on glyphs rather than on where to put them.
+    The layout varies little on purpose: the k-th digit of every target lands in the same
+    column band, so the base model's few minutes of pretraining go to glyphs and to binding
+    digits to the prompt rather than to working out where a string of some length is centred.
     """
     canvas = np.zeros((3, height, width), np.float32)
     gap = 1
     span = DIGIT * len(target) + gap * (len(target) - 1)
-    x = int(np.clip((width - span) // 2 + rng.integers(-2, 3), 0, width - span))
+    x = int(np.clip(2 + rng.integers(-1, 2), 0, width - span))
     y = int(np.clip((height - DIGIT) // 2 + rng.integers(-1, 2), 0, height - DIGIT))
     for ch in target:
-        paste(canvas, sample_digit(int(ch), rng), OCR_INK, y, x)
+        paste(canvas, sample_digit(int(ch), rng, glyphs), OCR_INK, y, x)
         x += DIGIT + gap
     return canvas
 
@@ -98,7 +102,8 @@ def _place(prompt: Prompt, rng: np.random.Generator) -> list[tuple[int, int]]:
     return [other, subject]
 
 
-def render_geneval(prompt: Prompt, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+def render_geneval(prompt: Prompt, height: int, width: int, rng: np.random.Generator,
+                   glyphs: int = 0) -> np.ndarray:
     """Coloured digit objects in slots; unspecified colours are drawn from the palette."""
     canvas = np.zeros((3, height, width), np.float32)
     rows, cols = slot_origins(height, width)
@@ -108,14 +113,15 @@ def render_geneval(prompt: Prompt, height: int, width: int, rng: np.random.Gener
         color = color or colors[int(rng.integers(len(colors)))]
         y = int(np.clip(rows[r] + rng.integers(-1, 2), 0, height - DIGIT))
         x = int(np.clip(cols[c] + rng.integers(-1, 2), 0, width - DIGIT))
-        paste(canvas, sample_digit(int(cls), rng), PALETTE[color], y, x)
+        paste(canvas, sample_digit(int(cls), rng, glyphs), PALETTE[color], y, x)
     return canvas
 
 
-def render(prompt: Prompt, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+def render(prompt: Prompt, height: int, width: int, rng: np.random.Generator,
+           glyphs: int = 0) -> np.ndarray:
     if prompt.task == "ocr":
-        return render_ocr(prompt.target, height, width, rng)
-    return render_geneval(prompt, height, width, rng)
+        return render_ocr(prompt.target, height, width, rng, glyphs)
+    return render_geneval(prompt, height, width, rng, glyphs)
 
 
 # --- random prompts (pretraining data and prompt-file generation) ---------------------------
