@@ -132,7 +132,8 @@ class SamplerConfig(Validated):
                          choices=("flow", "cps"))
     sde_window_start: int = spec(0, "First step that uses the SDE (and is trained).",
                                  range=(0, 1000))
-    sde_window_size: int = spec(0, "Number of SDE steps; 0 = every step from the start.",
+    sde_window_size: int = spec(4, "Number of SDE steps; 0 = every step from the start. Early "
+                                "steps decide which digit goes where; late ones only render it.",
                                 range=(0, 1000))
     shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).", range=(0.1, 20.0))
 
@@ -154,7 +155,7 @@ class GRPOConfig(Validated):
     adv_clip_max: float = spec(5.0, "Advantages are clipped to [-x, x].", range=(0.1, 100.0))
     beta_kl: float = spec(0.004, "Weight of the KL to the frozen reference (0 disables).",
                           range=(0.0, 10.0))
-    timestep_fraction: float = spec(0.5, "Fraction of SDE steps trained per sample.",
+    timestep_fraction: float = spec(1.0, "Fraction of SDE steps trained per sample.",
                                     range=(0.01, 1.0))
     global_std: bool = spec(False, "Normalise advantages by the batch std instead of per prompt.")
     inner_epochs: int = spec(1, "Passes over each rollout batch.", range=(1, 100))

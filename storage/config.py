@@ -48,11 +48,11 @@ class StorageConfig:
     queue_size: int = 64
     """Latent commits a sink may hold before ``commit()`` blocks (back-pressure, bounded memory)."""
 
-    commit_interval_s: float = 1.0
+    commit_interval_s: float = 0.0
     """Longest a latent sink holds back a request's commit marker after a written step (the
-    final step and ``flush()`` commit at once). 0 writes a marker after every write batch: two
-    object writes per step instead of about one, for at most this much recomputation after a
-    preemption."""
+    final step and ``flush()`` commit at once). The default 0 writes a marker after every write
+    batch, so a preempted request resumes from its last denoising step; a positive interval
+    halves the object writes per step at the price of up to this much recomputation."""
 
     retries: int = 4
     """Retries of a transient storage error after the first attempt; then a clear error."""

@@ -1,0 +1,67 @@
+"""End-to-end through the real console entry point, on a tiny config (same code paths)."""
+import json
+
+import pytest
+import yaml
+
+from spotlight import main
+
+TINY = {
+    "iterations": 2,
+    "world": {"task": "ocr", "canvas_height": 12, "canvas_width": 32,
+              "train_prompts": "configs/prompts/ocr_train.txt", "val_prompts": "configs/prompts/ocr_val.txt"},
+    "model": {"num_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16, "text_dim": 16,
+              "text_layers": 1},
+    "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
+    "grpo": {"prompts_per_iteration": 2, "group_size": 4, "micro_batch": 8},
+    "sampler": {"num_steps": 3},
+    "validation": {"max_prompts": 4, "every": 1},
+}
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
+    report = tmp_path / "report"
+    assert main(["demo", "--config", str(tiny_yaml), "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "validation reward before RL" in out and "validation reward after RL" in out
+    for name in ("validation_before.png", "validation_after.png", "reward_curve.png"):
+        assert (report / name).stat().st_size > 0
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["iterations"] == 2 and [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
+
+
+def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "learning", "--quick", "--config", str(tiny_yaml), "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    for key in ("base_val_reward", "final_val_reward", "val_curve", "iterations", "wall_s",
+                "recognizer_accuracy", "zero_std_group_fraction", "machine"):
+        assert key in result, key
+    assert result["iterations"] >= 1 and result["recognizer_accuracy"] >= 0.97
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+
+
+def test_bad_config_is_refused_before_any_work(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("grpo:\n  group_sise: 4\n")
+    assert main(["demo", "--config", str(path), "--report", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "group_sise" in err and "group_size" in err and str(path) in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_base_checkpoint_is_a_clear_error(tmp_path):
+    from spotlight.config import load_config
+    from spotlight.models.policy import MissingCheckpointError
+    from spotlight.models.pretrain import load_base_policy
+
+    config = load_config("configs/digits.yaml", {"pretrain.seed": 12345})
+    with pytest.raises(MissingCheckpointError, match="spotlight pretrain"):
+        load_base_policy(config)
