@@ -38,6 +38,7 @@ def test_grpo_raises_a_simple_reward(trainer):
 def test_kl_to_reference_is_zero_before_any_update_and_grows_after(tiny_config):
     torch.manual_seed(0)
     tiny_config.grpo.beta_kl = 0.1
+    tiny_config.grpo.micro_batch = 8  # one update per iteration: the first sees the reference weights
     trainer = FlowGRPO(tiny_config, DigitsPolicy(tiny_config.model, 12, 32), brightness, check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     first, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
