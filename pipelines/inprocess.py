@@ -9,7 +9,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from spotlight.config import RunConfig

@@ -106,7 +106,7 @@ class FlowGRPO:
 
     def train(self, rollout: Rollout, advantages: Advantages, iteration: int) -> dict[str, float]:
         """PPO-clipped updates on the groups that carry signal, KL-regularised to the reference."""
-        grpo, sampler = self.config.grpo, self.config.sampler
+        grpo = self.config.grpo
         adv = torch.from_numpy(advantages.values.reshape(-1)).float()
         kept = np.repeat(advantages.kept, advantages.values.shape[1])
         steps = self.trained_steps(rollout, iteration)
