@@ -33,6 +33,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipelines.cluster import ClusterError
+    from pipelines.console import ConsoleProgress
+    from pipelines.session import Session
+    from storage import StorageError
+
+    progress = ConsoleProgress()
+    try:
+        if args.resume:
+            session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress)
+        else:
+            overrides = dict(parse_override(item) for item in (args.set or []))
+            if args.scheduler:
+                overrides["cluster.scheduler"] = args.scheduler
+            if args.iterations is not None:
+                overrides["iterations"] = args.iterations
+            session = Session.from_config(args.config, store=args.store, overrides=overrides,
+                                          mode=args.mode, on_event=progress, progress=True)
+    except (ClusterError, StorageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with session:
+        print(f"run: {session.url}  mode: {session.mode}")
+        print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
+        goal = args.iterations if args.iterations is not None else session.config.iterations
+        remaining = max(goal - session.completed_iterations(), 0)
+        if args.resume:
+            print(f"resuming after iteration {session.completed_iterations() - 1}; "
+                  f"{remaining} to go", flush=True)
+        history = session.run(remaining)
+        if len(history):
+            last = history.iloc[-1]
+            print(f"done: {len(history)} iterations, base val {session.base_val_reward:.3f}, "
+                  f"last val {history['val_reward'].dropna().iloc[-1]:.3f}, "
+                  f"cost ${last['cost_total_usd']:.4f}; resume or audit with: "
+                  f"spotlight audit {session.url}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipelines.bench import BENCHES, load_benches, write_result
 
@@ -93,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
     p.add_argument("--report", default="reports/demo", help="report folder (default reports/demo)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="run RL iterations on a Dask cluster (embedded by default)")
+    with_config(p)
+    p.add_argument("--iterations", type=int, default=None, help="iterations (default: config)")
+    p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
+    p.add_argument("--scheduler", default=None, metavar="ADDR",
+                   help="existing scheduler, e.g. tcp://10.0.0.5:8786 (default: embedded cluster)")
+    p.add_argument("--resume", metavar="RUN_URL", default=None,
+                   help="continue the run stored at RUN_URL after its last completed stage")
+    p.add_argument("--mode", choices=("spotlight", "vanilla", "sync"), default=None,
+                   help="spotlight (stale exploration on spot), sync, or vanilla (default: config)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="run a benchmark and write its JSON")
     p.add_argument("name", help="benchmark name, e.g. learning")

@@ -1,6 +1,6 @@
 """Spotlight: RL post-training of Diffusion Transformers on spot capacity.
 
-``import spotlight`` is the user's face. The CLI entry point (and, later, ``Session``) live in
+``import spotlight`` is the user's face. The CLI entry point and ``Session`` live in
 ``pipelines`` and are imported lazily, so the library layers never import the pipeline layer.
 """
 from __future__ import annotations
@@ -13,3 +13,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.cli import main as cli_main
 
     return cli_main(argv)
+
+
+def __getattr__(name: str):
+    if name == "Session":
+        from pipelines.session import Session
+
+        return Session
+    raise AttributeError(f"module 'spotlight' has no attribute {name!r}")

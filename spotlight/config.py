@@ -175,6 +175,55 @@ class ValidationConfig(Validated):
 
 
 @dataclass(kw_only=True)
+class ExplorationConfig(Validated):
+    """Seed exploration: candidate seeds per prompt, scored by replaying the rollout sampler."""
+
+    candidates: int = spec(16, "Candidate seeds explored per prompt (N); the G most spread are kept.",
+                           range=(2, 4096))
+    steps: int = spec(0, "Denoising steps of an exploration replay (M); 0 = the rollout's steps.",
+                      range=(0, 1000))
+    request_batch: int = spec(8, "Candidates per exploration request (a fixed batch shape).",
+                              range=(1, 4096))
+    deadline: bool = spec(True, "Stop exploring when training ends (anytime); false waits for "
+                                "every candidate (used to compare runs bit for bit).")
+
+
+@dataclass(kw_only=True)
+class ClusterConfig(Validated):
+    """Where tasks run: an embedded local cluster, or an existing scheduler."""
+
+    scheduler: str = spec("", "Address of an existing scheduler (tcp://HOST:PORT); empty starts "
+                              "an embedded cluster on this machine.")
+    gpu_workers: int = spec(1, "Embedded on-demand workers (resources gpu=1).", range=(1, 64))
+    spot_workers: int = spec(1, "Embedded spot workers (resources spot=1).", range=(0, 64))
+    threads_per_worker: int = spec(1, "Threads per worker; torch intra-op threads match it.",
+                                   range=(1, 256))
+    connect_timeout_s: float = spec(10.0, "How long to wait for a scheduler to answer.",
+                                    range=(0.1, 3600.0))
+    worker_wait_s: float = spec(30.0, "How long to wait for the needed workers to join.",
+                                range=(0.0, 3600.0))
+    missing_spot: str = spec("error", "A spotlight-mode run on a cluster without spot workers: "
+                                      "'error', or fall back to 'sync' exploration on gpu workers.",
+                             choices=("error", "sync"))
+    dashboard: bool = spec(True, "Serve the Dask dashboard of an embedded cluster.")
+
+
+MARKETS = ("on_demand", "spot")
+
+
+@dataclass(kw_only=True)
+class CostConfig(Validated):
+    """What the cost ledger charges: a price table and the instance behind each worker class."""
+
+    prices: str = spec("configs/prices.yaml", "Price table file (USD per instance-hour).")
+    provider: str = spec("aws", "Cloud provider in the price table.")
+    gpu_instance: str = spec("p5.48xlarge", "Instance type the 'gpu' (on-demand) workers run on.")
+    gpu_market: str = spec("on_demand", "Market the 'gpu' workers are bought on.", choices=MARKETS)
+    spot_instance: str = spec("p5.48xlarge", "Instance type the 'spot' workers run on.")
+    spot_market: str = spec("spot", "Market the 'spot' workers are bought on.", choices=MARKETS)
+
+
+@dataclass(kw_only=True)
 class RunConfig(Validated):
     """A whole run: every component's config plus the run's identity."""
 
@@ -189,12 +238,34 @@ class RunConfig(Validated):
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    mode: str = spec("spotlight", "'spotlight' (stale-weight exploration on spot workers during "
+                                  "training), 'sync' (exploration on gpu workers before the "
+                                  "rollout) or 'vanilla' (random seeds).",
+                     choices=("spotlight", "sync", "vanilla"))
+    store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
+    stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data.pop("source")
         return data
+
+    def validate(self) -> None:
+        grpo, explore = self.grpo, self.exploration
+        if grpo.micro_batch % grpo.group_size and grpo.micro_batch < grpo.prompts_per_iteration * grpo.group_size:
+            raise ConfigError(
+                f"grpo.micro_batch = {grpo.micro_batch} does not hold whole groups of "
+                f"grpo.group_size = {grpo.group_size}; use a multiple of {grpo.group_size} "
+                f"(e.g. {grpo.group_size * max(1, grpo.micro_batch // grpo.group_size)})")
+        if self.mode != "vanilla" and explore.candidates < grpo.group_size:
+            raise ConfigError(
+                f"exploration.candidates = {explore.candidates} cannot fill a group of "
+                f"grpo.group_size = {grpo.group_size}; explore at least {grpo.group_size} "
+                "candidates per prompt, or set mode: vanilla")
 
 
 def _build(cls: type, data: Any, path: str, source: str) -> Any:

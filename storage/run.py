@@ -8,7 +8,7 @@ from .checkpoints import Checkpoint, CheckpointStore
 from .config import StorageConfig
 from .errors import NotCommittedError
 from .latents import LatentStreams, ResumePoint
-from .manifest import Manifest
+from .manifest import Manifest, stage_key
 from .rewards import RewardTable
 from .sink import LatentSink
 from .urls import RunLocation, check_reachable, open_location
@@ -113,6 +113,46 @@ class RunStore:
 
     def requests(self, stage: str) -> list[str]:
         return self.latents.requests(stage)
+
+    # -- small per-stage arrays -----------------------------------------------------------------
+    def put_arrays(self, stage: str, name: str, arrays: Mapping[str, Any]) -> None:
+        """Write named numpy arrays of a stage as one ``.npz`` object (before its stage record)."""
+        import io
+
+        import numpy as np
+
+        buffer = io.BytesIO()
+        np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+        self.location.write_bytes(buffer.getvalue(), stage_key(stage), f"{name}.npz")
+
+    def get_arrays(self, stage: str, name: str) -> dict:
+        """The arrays :meth:`put_arrays` wrote; a clear error if the stage never wrote them."""
+        import io
+
+        import numpy as np
+
+        try:
+            data = self.location.read_bytes(stage_key(stage), f"{name}.npz")
+        except FileNotFoundError:
+            raise NotCommittedError(f"{self.url}: stage {stage_key(stage)} has no {name}.npz; "
+                                    "was the stage completed?") from None
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+
+    def put_json(self, stage: str, name: str, obj: Any) -> None:
+        """Write a JSON document of a stage (task timelines, explored candidates)."""
+        import json
+
+        self.location.write_bytes(json.dumps(obj).encode(), stage_key(stage), f"{name}.json")
+
+    def get_json(self, stage: str, name: str) -> Any:
+        import json
+
+        try:
+            return json.loads(self.location.read_bytes(stage_key(stage), f"{name}.json"))
+        except FileNotFoundError:
+            raise NotCommittedError(f"{self.url}: stage {stage_key(stage)} has no {name}.json; "
+                                    "was the stage completed?") from None
 
     # -- rewards ------------------------------------------------------------------------------
     def append_rewards(self, iteration: int, columns: Mapping[str, Any]) -> Any:

@@ -79,8 +79,18 @@ class FlowGRPO:
         for p in self.parameters:
             p.requires_grad_(True)
         self.reference = copy.deepcopy(policy).requires_grad_(False) if grpo.beta_kl > 0 else None
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=grpo.lr, weight_decay=grpo.weight_decay,
-                                           betas=(0.9, 0.999), eps=1e-8)
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        grpo = self.config.grpo
+        return torch.optim.AdamW(self.parameters, lr=grpo.lr, weight_decay=grpo.weight_decay,
+                                 betas=(0.9, 0.999), eps=1e-8)
+
+    def load_optimizer_state(self, state: dict | None) -> None:
+        """Restore the optimizer exactly as saved; ``None`` = a fresh one (weights version 0)."""
+        self.optimizer = self._new_optimizer()
+        if state is not None:
+            self.optimizer.load_state_dict(state)
 
     # --- stages ----------------------------------------------------------------------------
     def rollout(self, prompts: list[Prompt], seeds: np.ndarray) -> Rollout:

@@ -1,0 +1,56 @@
+"""Terminal view of a run: a progress bar per iteration's stages and one line per iteration."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+STAGES = ("rollout", "train", "validation")
+
+
+def iteration_line(result: Any) -> str:
+    """The one line a user reads per iteration."""
+    val = f"{result.val_reward:.3f}" if result.val_reward is not None else "  -  "
+    explore = f"{result.explored}/{result.planned}" if result.planned else "-"
+    if result.filled:
+        explore += f" (+{result.filled} random)"
+    resumed = f" resumed[{','.join(result.resumed_stages)}]" if result.resumed_stages else ""
+    return (f"iter {result.iteration:4d}  val {val}  reward {result.reward_mean:.3f}  "
+            f"group std {result.group_reward_std:.3f}  explore {explore}  "
+            f"{result.wall_s:5.1f}s  cost ${result.cost_total_usd:.4f}{resumed}")
+
+
+class ConsoleProgress:
+    """An ``on_event`` callback for :class:`pipelines.session.Session` that draws with tqdm."""
+
+    def __init__(self, stream=None, bars: bool = True) -> None:
+        self.stream = stream or sys.stderr
+        self.bars = bars and self.stream.isatty()
+        self._bar = None
+        self._iteration = None
+
+    def __call__(self, kind: str, info: dict) -> None:
+        if kind == "stage_start":
+            self._stage(info["iteration"], info["stage"])
+        elif kind == "iteration_done":
+            self._close()
+            print(iteration_line(info["result"]), flush=True)
+
+    def _stage(self, iteration: int, stage: str) -> None:
+        if not self.bars:
+            return
+        from tqdm import tqdm
+
+        if self._iteration != iteration:
+            self._close()
+            self._bar = tqdm(total=len(STAGES), desc=f"iter {iteration}", file=self.stream,
+                             leave=False, bar_format="{desc}: {n}/{total} stages |{bar}| {postfix}")
+            self._iteration = iteration
+        if stage in STAGES and self._bar is not None:
+            self._bar.n = STAGES.index(stage)
+            self._bar.set_postfix_str(stage)
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+            self._iteration = None

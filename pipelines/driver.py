@@ -1,0 +1,328 @@
+"""The driver of a run: builds each RL iteration as Dask futures and checkpoints every stage.
+
+Iteration k, weights version k (θ_k)::
+
+    gpu:  rollout(θ_k, P_k, S_k) -> reward -> advantages -> train θ_k -> θ_k+1 -> checkpoint
+    spot:                                         explore(θ_k, P_k+1, N seeds)  (while training)
+    driver: at the training deadline keep what finished -> select S_k+1 -> [validate θ_k+1]
+
+``sync`` mode explores P_k with θ_k on gpu workers before the rollout; ``vanilla`` does not
+explore. A stage is recorded in the run manifest only after its data is in the run store, and
+a recorded stage is never recomputed: the driver can be killed anywhere and resumed.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pipelines import worker as tasks
+from pipelines.cluster import GPU, SPOT, ClusterHandle
+from spotlight.config import RunConfig
+from spotlight.cost import CostLedger
+from spotlight.exploration import Selection, select_seeds
+from spotlight.models.prompts import Prompt
+from spotlight.rl.trainer import iteration_prompts, random_seeds
+from storage import RunStore
+
+EventFn = Callable[[str, dict], None]
+
+
+@dataclass
+class IterationResult:
+    """What one iteration did: the row a user sees in ``session.history``."""
+
+    iteration: int
+    mode: str
+    reward_mean: float
+    group_reward_std: float
+    zero_std_groups: int
+    loss: float
+    kl_to_reference: float
+    clip_fraction: float
+    val_reward: float | None
+    explored: int           # candidates scored for the next iteration
+    planned: int            # candidates planned for the next iteration
+    filled: int             # seeds of the next iteration filled at random (too few explored)
+    start: float
+    end: float
+    cost_usd: float
+    cost_total_usd: float
+    resumed_stages: list[str] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+
+def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
+    """The N candidate seeds of each prompt explored for ``iteration`` (deterministic)."""
+    return random_seeds(run_seed + 7919, iteration, prompts, candidates)
+
+
+class Driver:
+    """Runs iterations of one run on one cluster; the state lives in the run store."""
+
+    def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
+                 train_prompts: list[Prompt], val_prompts: list[Prompt],
+                 on_event: EventFn | None = None) -> None:
+        self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
+        self.train_prompts, self.val_prompts = train_prompts, val_prompts
+        self.on_event = on_event or (lambda kind, info: None)
+        self.prices = _prices(config)
+        self.ledger = self._restored_ledger()
+        self._attempt = uuid.uuid4().hex[:6]
+        self.last_validation: dict | None = None
+
+    def _restored_ledger(self) -> CostLedger:
+        """The ledger of the last recorded iteration; its workers count as gone since then."""
+        k, last = 0, None
+        while (record := self._done(k, "iteration")) is not None:
+            last, k = record, k + 1
+        if last is None:
+            return CostLedger()
+        ledger = CostLedger.from_dict(last["ledger"])
+        for name in ledger.alive_workers():
+            ledger.worker_left(name, last["result"]["end"])
+        return ledger
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _submit(self, fn, *args, resource: str, name: str, **kwargs):
+        return self.cluster.client.submit(fn, *args, resources={resource: 1}, pure=False,
+                                          key=f"{name}-{self._attempt}-{uuid.uuid4().hex[:8]}",
+                                          **kwargs)
+
+    def _emit(self, kind: str, **info: Any) -> None:
+        self.on_event(kind, info)
+
+    def _track_workers(self) -> None:
+        """Feed the cost ledger with who is alive now (workers join and leave between polls)."""
+        now = time.time()
+        alive = self.cluster.workers_by_class()
+        seen = {name for names in alive.values() for name in names}
+        for cls, names in alive.items():
+            for name in names:
+                self.ledger.worker_joined(name, cls, now)
+        for name in self.ledger.alive_workers():
+            if name not in seen:
+                self.ledger.worker_left(name, now)
+
+    def _done(self, iteration: int, stage: str) -> dict | None:
+        """The info of a completed stage, or None."""
+        record = self.store.stage_record(tasks.stage_name(iteration, stage))
+        return None if record is None else record["info"]
+
+    def _mark(self, iteration: int, stage: str, info: dict | None = None) -> None:
+        self.store.mark_stage_done(tasks.stage_name(iteration, stage), info or {})
+        self._emit("stage_done", iteration=iteration, stage=stage)
+
+    def prompts(self, iteration: int) -> list[Prompt]:
+        return iteration_prompts(self.train_prompts, iteration,
+                                 self.config.grpo.prompts_per_iteration, self.config.seed)
+
+    # --- exploration ----------------------------------------------------------------------------
+    def submit_exploration(self, iteration: int, version: int, resource: str) -> list:
+        """Explore every prompt of ``iteration`` with weights ``version`` (one future per request)."""
+        cfg, explore = self.config, self.config.exploration
+        prompts = self.prompts(iteration)
+        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), explore.candidates)
+        stage = "explore" if resource == SPOT else "explore-sync"
+        futures = []
+        for p, prompt in enumerate(prompts):
+            for chunk, lo in enumerate(range(0, explore.candidates, explore.request_batch)):
+                futures.append(self._submit(
+                    tasks.explore_task, cfg, self.store, iteration, p, prompt,
+                    seeds[p, lo:lo + explore.request_batch], chunk, version, stage,
+                    resource=resource, name=stage))
+        return futures
+
+    def finish_exploration(self, iteration: int, futures: list, stage: str) -> Selection:
+        """Collect finished exploration requests, select seeds for ``iteration``, record both."""
+        from distributed import Future
+
+        failed = [f for f in futures if isinstance(f, Future) and f.status == "error"]
+        if failed:
+            failed[0].result()   # an exploration bug is an error, not an unfinished candidate
+        finished = [f.result() for f in futures if f.status == "finished"]
+        pending = [f for f in futures if f.status != "finished"]
+        if pending:
+            self.cluster.client.cancel(pending)
+        cfg, grpo = self.config, self.config.grpo
+        prompts = self.prompts(iteration)
+        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
+        for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
+            per_prompt[out["prompt_index"]][0].extend(out["seeds"].tolist())
+            per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
+        fresh = random_seeds(cfg.seed, iteration, len(prompts), grpo.group_size)
+        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
+                                 grpo.group_size, fresh)
+        self.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
+            "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
+            "tasks": [o["record"] for o in finished]})
+        planned = len(prompts) * cfg.exploration.candidates
+        self._mark(iteration, stage, {"explored": int(selection.explored.sum()), "planned": planned,
+                                      "requests_finished": len(finished),
+                                      "requests_cancelled": len(pending)})
+        self._mark(iteration, "selection", {"source": stage, "selection": selection.to_record()})
+        return selection
+
+    def seeds_for(self, iteration: int) -> Selection:
+        """The seeds of ``iteration``: recorded, explored synchronously now, or random."""
+        record = self._done(iteration, "selection")
+        if record is not None:
+            return Selection.from_record(record["selection"])
+        grpo, cfg = self.config.grpo, self.config
+        if self.mode == "sync":
+            self._emit("stage_start", iteration=iteration, stage="explore-sync")
+            futures = self.submit_exploration(iteration, iteration, GPU)
+            from distributed import wait
+
+            wait(futures)
+            return self.finish_exploration(iteration, futures, "explore-sync")
+        seeds = random_seeds(cfg.seed, iteration, grpo.prompts_per_iteration, grpo.group_size)
+        selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
+                              np.full(seeds.shape, np.nan))
+        self._mark(iteration, "selection", {"source": "random", "selection": selection.to_record()})
+        return selection
+
+    # --- one iteration --------------------------------------------------------------------------
+    def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
+        """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
+        done = self._done(k, "iteration")
+        if done is not None:
+            return IterationResult(**done["result"])
+        self._track_workers()
+        start = time.time()
+        cfg, grpo = self.config, self.config.grpo
+        prompts = self.prompts(k)
+        resumed = [s for s in ("rollout", "reward", "train") if self._done(k, s)]
+        selection = self.seeds_for(k)
+        seeds = selection.seeds
+        records: list[dict] = []
+
+        self._emit("stage_start", iteration=k, stage="rollout")
+        if self._done(k, "rollout"):
+            rollout_f = self._submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
+                                     name="load-rollout")
+        else:
+            rollout_f = self._submit(tasks.rollout_task, cfg, self.store, k, prompts, seeds, k,
+                                     resource=GPU, name="rollout")
+        if self._done(k, "reward"):
+            rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+        else:
+            out = self._submit(tasks.reward_task, cfg, self.store, rollout_f, prompts,
+                               grpo.group_size, k, resource=GPU, name="reward").result()
+            rewards = out["rewards"]
+            records += out["records"] + [out["record"]]
+            self._mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
+            self._mark(k, "reward", {"task": out["record"], "mean": float(rewards.mean())})
+
+        self._emit("stage_start", iteration=k, stage="train")
+        adv = self._submit(tasks.advantages_task, cfg, k, rewards, k, resource=GPU,
+                           name="advantages").result()
+        records.append(adv["record"])
+        explore_futures: list = []
+        if explore_next and self.mode == "spotlight" and not self._done(k + 1, "selection"):
+            explore_futures = self.submit_exploration(k + 1, k, SPOT)
+        if self._done(k, "train"):
+            train_info = self._done(k, "train")["stats"]
+        else:
+            trained = self._submit(tasks.train_task, cfg, self.store, rollout_f, prompts, rewards,
+                                   adv, k, resource=GPU, name="train")
+            saved = self._submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
+                                 resource=GPU, name="checkpoint").result()
+            del trained
+            train_info = saved["stats"]
+            records += saved["records"]
+            self._mark(k, "train", {"stats": train_info, "task": saved["records"][0]})
+        del rollout_f
+        train_end = time.time()
+
+        explored = planned = filled = 0
+        if explore_futures:
+            if not cfg.exploration.deadline or "train" in resumed:
+                # No training window to hide in after a resume; deadline off = every request.
+                from distributed import wait
+
+                wait(explore_futures)
+            self._emit("stage_start", iteration=k, stage="select")
+            nxt = self.finish_exploration(k + 1, explore_futures, "explore")
+            explored, filled = int(nxt.explored.sum()), int(nxt.filled.sum())
+            planned = len(nxt.seeds) * cfg.exploration.candidates
+            records += self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")["tasks"]
+
+        val_reward = None
+        if validate:
+            val_reward = self.validate(k + 1, records)
+
+        self._append_rewards(k, prompts, selection, rewards, adv)
+        self._track_workers()
+        end = time.time()
+        cost = self.ledger.cost(start, end, self.prices)
+        result = IterationResult(
+            iteration=k, mode=self.mode, reward_mean=float(rewards.mean()),
+            group_reward_std=float(np.mean(adv["group_std"])),
+            zero_std_groups=int((~adv["kept"]).sum()), loss=float(train_info["loss"]),
+            kl_to_reference=float(train_info["kl_to_reference"]),
+            clip_fraction=float(train_info["clip_fraction"]), val_reward=val_reward,
+            explored=explored, planned=planned, filled=filled, start=start, end=end,
+            cost_usd=cost["total"], cost_total_usd=self.ledger.total(end, self.prices)["total"],
+            resumed_stages=resumed)
+        self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
+                            {"tasks": records, "train_end": train_end})
+        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
+        self._emit("iteration_done", iteration=k, result=result)
+        return result
+
+    def validate(self, version: int, records: list | None = None) -> float:
+        """Validate θ_version on the held-out prompts (recorded; never recomputed)."""
+        stage = "base-validation" if version == 0 else tasks.stage_name(version - 1, "validation")
+        record = self.store.stage_record(stage)
+        if record is not None:
+            return float(record["info"]["mean_reward"])
+        self._emit("stage_start", iteration=max(version - 1, 0), stage="validation")
+        out = self._submit(tasks.validation_task, self.config, self.store, version,
+                           self.val_prompts, version, resource=GPU, name="validation").result()
+        self.last_validation = out
+        if records is not None:
+            records.append(out["record"])
+        self.store.mark_stage_done(stage, {"mean_reward": out["mean_reward"], "version": version,
+                                           "task": out["record"]})
+        return float(out["mean_reward"])
+
+    def _append_rewards(self, k: int, prompts: list[Prompt], selection: Selection,
+                        rewards: np.ndarray, adv: dict) -> None:
+        """One table row per scored sample of iteration k: its rollout and the explored candidates."""
+        cols: dict[str, list] = {"prompt": [], "seed": [], "stage": [], "reward": [],
+                                 "weights_version": [], "advantage": [], "selected": []}
+
+        def add(prompt, seed, stage, reward, version, advantage, selected):
+            for key, value in zip(cols, (prompt, seed, stage, reward, version, advantage, selected)):
+                cols[key].append(value)
+
+        for p, prompt in enumerate(prompts):
+            for g, seed in enumerate(selection.seeds[p]):
+                add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
+                    float(adv["values"][p, g]), 1.0)
+        for stage in ("explore", "explore-sync"):
+            if self._done(k, stage):
+                found = self.store.get_json(tasks.stage_name(k, stage), "candidates")
+                version = k - 1 if stage == "explore" else k
+                chosen = [set(int(s) for s in row) for row in selection.seeds]
+                for p, (seeds, rews) in enumerate(zip(found["seeds"], found["rewards"])):
+                    for seed, reward in zip(seeds, rews):
+                        add(prompts[p].text, int(seed), stage, float(reward), version, float("nan"),
+                            float(int(seed) in chosen[p]))
+        self.store.append_rewards(k, cols)
+
+
+def _prices(config: RunConfig) -> dict[str, float]:
+    from spotlight.cost import load_prices, worker_class_prices
+
+    return worker_class_prices(config.cost, load_prices(config.cost.prices))

@@ -1,0 +1,197 @@
+"""``spotlight.Session``: submit RL iterations from Python or Jupyter, on any Dask cluster.
+
+    session = spotlight.Session.from_config("configs/digits.yaml")
+    handle = session.submit_iteration()      # returns at once; the kernel stays free
+    session.run(5)                           # or block for five iterations
+    session.history                          # one row per iteration (pandas)
+    session.dashboard_link
+
+Every iteration's stages are checkpointed in the run store; ``Session.resume(run_url)`` picks
+a run up where it stopped, from any process.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.cluster import ClusterHandle, check_shape, open_cluster
+from pipelines.driver import Driver, EventFn, IterationResult
+from pipelines.worker import stage_name
+from spotlight.config import ConfigError, RunConfig, _build, config_hash, load_config
+from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.prompts import load_prompts
+from spotlight.rewards import build_reward
+from storage import RunStore
+
+CODE_VERSION = "spotlight-pipeline-1"
+
+
+def default_store_url(config: RunConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(Path("runs") / f"{stamp}-{config_hash(config.to_dict())[:8]}")
+
+
+class Session:
+    """A run bound to a cluster and a run store. Use as a context manager or call ``close()``."""
+
+    def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
+                 *, on_event: EventFn | None = None, progress: bool = False) -> None:
+        self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
+        self.train_prompts = load_prompts(config.world.train_prompts, config.world.task)
+        self.val_prompts = load_prompts(config.world.val_prompts, config.world.task)
+        self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,
+                             on_event=on_event)
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
+        self._lock = threading.Lock()
+        self._submitted = self.completed_iterations()
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, path: str | Path | RunConfig, client: Any = None, store: str | RunStore | None = None,
+                    *, overrides: dict | None = None, mode: str | None = None,
+                    on_event: EventFn | None = None, progress: bool = False) -> "Session":
+        """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an embedded one."""
+        config = path if isinstance(path, RunConfig) else load_config(path, overrides)
+        if mode is not None:
+            if mode not in ("spotlight", "sync", "vanilla"):
+                raise ConfigError(f"mode {mode!r} is not one of spotlight, sync, vanilla")
+            config.mode = mode
+        pretrain(config, progress=progress)   # cached by config hash
+        build_reward(config.reward)            # warm the recogniser cache once, here
+        run_store = store if isinstance(store, RunStore) else RunStore.open(
+            store or config.store or default_store_url(config))
+        if run_store.manifest.read().get("run", {}).get("config") and run_store.latest_checkpoint() is not None:
+            raise ConfigError(f"{run_store.url} already holds a run; resume it with "
+                              f"Session.resume({run_store.url!r}) or `spotlight run --resume "
+                              f"{run_store.url}`, or choose a new --store")
+        cluster, mode = _cluster_for(config, client)
+        try:
+            run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
+                                 source=config.source)
+            if run_store.latest_checkpoint() is None:
+                base = load_base_policy(config)
+                run_store.save_checkpoint(0, base.state_dict(), None, metadata={"base": True})
+        except BaseException:
+            cluster.close()
+            raise
+        return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
+
+    @classmethod
+    def resume(cls, run_url: str | RunStore, client: Any = None, *, scheduler: str | None = None,
+               connect_timeout_s: float | None = None, on_event: EventFn | None = None,
+               **store_options: Any) -> "Session":
+        """Reopen a run from its store and continue after its last completed stage.
+
+        ``scheduler`` resumes on another cluster than the one recorded; nothing is written to
+        the store before the cluster answers.
+        """
+        store = run_url if isinstance(run_url, RunStore) else RunStore.open(run_url, create=False,
+                                                                            **store_options)
+        info = store.manifest.read().get("run", {})
+        if "config" not in info:
+            raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")
+        config = _build(RunConfig, info["config"], "", f"{store.url}/manifest.json")
+        config.source = info.get("source", store.url)
+        config.mode = info.get("mode", config.mode)
+        if scheduler is not None:
+            config.cluster.scheduler = scheduler
+        if connect_timeout_s is not None:
+            config.cluster.connect_timeout_s = connect_timeout_s
+        cluster, mode = _cluster_for(config, client)
+        return cls(config, store, cluster, mode, on_event=on_event)
+
+    # --- running --------------------------------------------------------------------------------
+    def completed_iterations(self) -> int:
+        k = 0
+        while self.store.is_stage_done(stage_name(k, "iteration")):
+            k += 1
+        return k
+
+    def _validate_after(self, k: int, target: int) -> bool:
+        return (k + 1) % self.config.validation.every == 0 or k + 1 >= target
+
+    def _run_one(self, k: int, target: int) -> IterationResult:
+        if k > 0 and not self.store.is_stage_done(stage_name(k - 1, "iteration")):
+            raise RuntimeError(f"iteration {k} cannot start: iteration {k - 1} did not complete "
+                               f"(see its error); resume with Session.resume({self.url!r})")
+        if k == 0:
+            self.driver.validate(0)
+        return self.driver.run_iteration(k, validate=self._validate_after(k, target),
+                                         explore_next=k + 1 < target)
+
+    def submit_iteration(self, target: int | None = None) -> concurrent.futures.Future:
+        """Queue the next iteration; returns a Future at once (``.result()`` blocks for it).
+
+        ``target`` is the run's planned length (it decides whether the last iteration explores
+        for a next one and validates); default: the config's ``iterations``, at least this one.
+        """
+        with self._lock:
+            k = self._submitted
+            self._submitted += 1
+        goal = max(target or self.config.iterations, k + 1)
+        return self._executor.submit(self._run_one, k, goal)
+
+    def run(self, iterations: int | None = None) -> "Any":
+        """Run ``iterations`` more (default: up to the config's ``iterations``); returns history."""
+        done = self._submitted
+        goal = done + iterations if iterations is not None else self.config.iterations
+        futures = [self.submit_iteration(goal) for _ in range(done, goal)]
+        for f in futures:
+            f.result()
+        return self.history
+
+    # --- what users look at ---------------------------------------------------------------------
+    @property
+    def results(self) -> list[IterationResult]:
+        out, k = [], 0
+        while (record := self.store.stage_record(stage_name(k, "iteration"))) is not None:
+            out.append(IterationResult(**record["info"]["result"]))
+            k += 1
+        return out
+
+    @property
+    def history(self):
+        """Per-iteration metrics as a pandas DataFrame indexed by iteration (``.to_xarray()`` works)."""
+        import pandas as pd
+
+        rows = [r.to_record() | {"wall_s": r.wall_s} for r in self.results]
+        frame = pd.DataFrame(rows)
+        return frame.set_index("iteration") if len(frame) else frame
+
+    @property
+    def base_val_reward(self) -> float | None:
+        record = self.store.stage_record("base-validation")
+        return None if record is None else float(record["info"]["mean_reward"])
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self.cluster.dashboard_link
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def __repr__(self) -> str:
+        return (f"Session({self.url!r}, mode={self.mode!r}, iterations_done="
+                f"{self.completed_iterations()}, dashboard={self.dashboard_link!r})")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.cluster.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _cluster_for(config: RunConfig, client: Any) -> tuple[ClusterHandle, str]:
+    if client is None:
+        return open_cluster(config.cluster, config.mode)
+    handle = ClusterHandle(client, owns_client=False)
+    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+    return handle, check_shape(handle, config.mode, config.cluster, address)

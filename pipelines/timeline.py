@@ -1,0 +1,123 @@
+"""Where time went: a per-worker timeline of a run's tasks; how much exploration hid in training.
+
+A task is a dict with ``worker``, ``stage``, ``start``, ``end`` (seconds) and ``iteration``, as
+the workers' task records carry them. A worker's class is its ``worker_class`` key when present,
+else read from its name (``spot-*`` is spot, anything else an on-demand gpu worker).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from spotlight.cost import interval_overlap
+
+STAGE_COLOURS = {
+    "rollout": "tab:blue", "reward": "tab:orange", "advantages": "tab:olive", "train": "tab:red",
+    "checkpoint": "tab:brown", "validation": "tab:purple", "explore": "tab:green",
+    "explore-sync": "tab:cyan",
+}
+_SPARE_COLOURS = ("tab:pink", "tab:gray", "gold", "navy", "teal", "salmon")
+_KEYS = ("worker", "stage", "start", "end", "iteration")
+
+
+def _check(tasks: Sequence[dict]) -> None:
+    for i, task in enumerate(tasks):
+        missing = [k for k in _KEYS if k not in task]
+        if missing:
+            raise ValueError(f"task {i} lacks {missing}; a task needs keys {list(_KEYS)}: {task!r}")
+        if task["end"] < task["start"]:
+            raise ValueError(f"task {i} ({task['stage']} on {task['worker']}) ends at "
+                             f"{task['end']}, before it starts at {task['start']}")
+
+
+def worker_class(task: dict) -> str:
+    """'spot' or 'gpu': the task's ``worker_class``, else inferred from the worker's name."""
+    return task.get("worker_class") or ("spot" if str(task["worker"]).startswith("spot") else "gpu")
+
+
+def _lane_key(worker: str, cls: str) -> tuple:
+    # gpu lanes above spot lanes; "gpu-10" after "gpu-2"
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", worker)]
+    return (cls != "gpu", [(isinstance(p, str), p) for p in parts])
+
+
+def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of closed intervals as sorted, disjoint intervals."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def overlap_fraction(tasks: Sequence[dict], inner: str = "explore", outer: str = "train") -> float:
+    """Share of all ``inner``-stage task time inside the union of ``outer``-stage task intervals.
+
+    0.0 when there is no ``inner`` time. With the defaults: how much of the spot workers'
+    exploration ran while the gpu workers trained, rather than adding to the iteration's time.
+    """
+    _check(tasks)
+    union = merge_intervals([(t["start"], t["end"]) for t in tasks if t["stage"] == outer])
+    inside = total = 0.0
+    for t in tasks:
+        if t["stage"] != inner:
+            continue
+        total += t["end"] - t["start"]
+        inside += sum(interval_overlap(t["start"], t["end"], a, b) for a, b in union)
+    return inside / total if total > 0 else 0.0
+
+
+def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None = None) -> Path:
+    """Save a PNG with one lane per worker and a bar per task, coloured by stage.
+
+    Grey bands behind the bars span each iteration's train tasks, so exploration on the spot
+    lanes can be seen overlapping training.
+    """
+    _check(tasks)
+    if not tasks:
+        raise ValueError("no tasks to plot; pass the task records of at least one iteration")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = min(t["start"] for t in tasks)
+    classes = {t["worker"]: worker_class(t) for t in tasks}
+    lanes = sorted(classes, key=lambda w: _lane_key(str(w), classes[w]))
+    row = {w: i for i, w in enumerate(lanes)}
+    stages = list(dict.fromkeys(t["stage"] for t in tasks))
+    spare = iter(_SPARE_COLOURS * (1 + len(stages) // len(_SPARE_COLOURS)))
+    colour = {s: STAGE_COLOURS.get(s) or next(spare) for s in stages}
+
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(lanes)))
+    train: dict[int, list[float]] = {}
+    for t in tasks:
+        if t["stage"] == "train":
+            span = train.setdefault(t["iteration"], [t["start"], t["end"]])
+            span[0], span[1] = min(span[0], t["start"]), max(span[1], t["end"])
+    for k, (a, b) in sorted(train.items()):
+        ax.axvspan(a - t0, b - t0, color="0.88", zorder=0)
+        ax.text((a + b) / 2 - t0, 0.99, f"train {k}", transform=ax.get_xaxis_transform(),
+                ha="center", va="top", fontsize=7, color="0.35")
+    for t in tasks:
+        ax.barh(row[t["worker"]], t["end"] - t["start"], left=t["start"] - t0, height=0.6,
+                color=colour[t["stage"]], edgecolor="black", linewidth=0.3, zorder=2)
+    ax.set_yticks(range(len(lanes)), [f"{w} ({classes[w]})" for w in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.95)   # first lane on top, room above it for band labels
+    ax.set_xlabel("seconds since the first task started")
+    ax.set_title(title or "task timeline")
+    ax.grid(axis="x", alpha=0.3, zorder=1)
+    handles = [Patch(color=colour[s], label=s) for s in stages]
+    handles.append(Patch(color="0.88", label="train span"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

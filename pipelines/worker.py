@@ -1,0 +1,312 @@
+"""What runs inside a Dask worker: a per-process context and the task functions of an iteration.
+
+Weights reach a worker through the run store (checkpoint of a weights version), never through
+the scheduler. A worker keeps the policy, reward model and trainer of a run in memory between
+tasks (:class:`WorkerContext`), so consecutive tasks at the same weights version load nothing.
+Bulk data (trajectories) stays in that context; tasks hand each other small results, and a
+task that finds its input missing (another worker, a resumed run) reads it from the store.
+
+Every task returns a ``record``: stage, iteration, worker, start, end and weights version.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from spotlight.config import RunConfig, config_hash
+from spotlight.models.policy import DigitsPolicy
+from spotlight.models.prompts import Prompt
+from spotlight.rewards import build_reward, check_rewards
+from spotlight.rl.grpo import group_advantages
+from spotlight.rl.sampler import (Trajectory, initial_latents, sample, sigma_schedule,
+                                  trainable_steps, transition_distribution)
+from spotlight.rl.sde import gaussian_log_prob
+from spotlight.rl.trainer import FlowGRPO, Rollout, sample_keys
+from spotlight.rl.validation import validate
+from storage import RunStore
+
+ROLLOUT_REQUEST = "batch"   # a rollout is one request: the whole fixed-shape P x G batch
+
+
+def stage_name(iteration: int, stage: str) -> str:
+    return f"iter-{iteration}/{stage}"
+
+
+def explore_request(prompt_index: int, chunk: int) -> str:
+    return f"p{prompt_index:04d}-c{chunk:04d}"
+
+
+def worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):
+        return f"local-{os.getpid()}"
+
+
+def task_record(stage: str, iteration: int, start: float, version: int, **info) -> dict:
+    return {"stage": stage, "iteration": iteration, "worker": worker_name(), "start": start,
+            "end": time.time(), "weights_version": version, **info}
+
+
+@dataclass
+class RolloutOutput:
+    """A rollout held in worker memory: the trajectory and the record of the task that made it."""
+
+    iteration: int
+    trajectory: Trajectory
+    record: dict
+
+
+class WorkerContext:
+    """One run's policy, reward and trainer inside one worker process."""
+
+    def __init__(self, config: RunConfig, store: RunStore) -> None:
+        torch.set_num_threads(config.cluster.threads_per_worker)
+        self.config, self.store = config, store
+        world = config.world
+        self.policy = DigitsPolicy(config.model, world.canvas_height, world.canvas_width)
+        self.version: int | None = None
+        self.reward_fn = build_reward(config.reward)
+        self.trainer: FlowGRPO | None = None
+        self.trainer_version: int | None = None
+        self.rollouts: dict[int, RolloutOutput] = {}
+        self.lock = threading.Lock()
+
+    def policy_at(self, version: int) -> DigitsPolicy:
+        """The policy with the weights of ``version`` (loaded from the run store if needed)."""
+        if self.version != version:
+            checkpoint = self.store.load_checkpoint(version)
+            self.policy.load_state_dict(checkpoint.weights)
+            self.version = version
+            self.trainer_version = None   # the optimizer state no longer matches
+        return self.policy
+
+    def trainer_at(self, version: int) -> FlowGRPO:
+        """The trainer whose weights and optimizer state are those of ``version``."""
+        if self.trainer is None:
+            self.policy_at(0)   # the frozen KL reference is the base model
+            self.trainer = FlowGRPO(self.config, self.policy, self.reward_fn, check_rewards)
+            self.trainer_version = 0 if self.version == 0 else None
+        if self.trainer_version != version or self.version != version:
+            checkpoint = self.store.load_checkpoint(version)
+            self.policy.load_state_dict(checkpoint.weights)
+            self.trainer.load_optimizer_state(checkpoint.optimizer_state)
+            self.version = self.trainer_version = version
+        return self.trainer
+
+    def rollout(self, iteration: int) -> RolloutOutput:
+        """The rollout of ``iteration``: from memory, else rebuilt from the run store."""
+        held = self.rollouts.get(iteration)
+        if held is not None:
+            return held
+        stage = stage_name(iteration, "rollout")
+        arrays = self.store.get_arrays(stage, "rollout")
+        if "latents" in arrays:
+            latents = torch.from_numpy(arrays["latents"])
+        else:
+            latents = torch.from_numpy(np.asarray(self.store.read_trajectory(stage, ROLLOUT_REQUEST)))
+            latents = latents.transpose(0, 1).contiguous()   # stored (step, batch, ...)
+        sampler = self.config.sampler
+        traj = Trajectory(latents.float(), torch.from_numpy(arrays["log_probs"]).float(),
+                          sigma_schedule(sampler.num_steps, sampler.shift), trainable_steps(sampler))
+        return RolloutOutput(iteration, traj, {})
+
+
+_CONTEXTS: dict[str, WorkerContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def context(config: RunConfig, store: RunStore) -> WorkerContext:
+    key = f"{store.url}|{config_hash(config.to_dict())}"
+    with _CONTEXTS_LOCK:
+        ctx = _CONTEXTS.get(key)
+        if ctx is None:
+            ctx = _CONTEXTS[key] = WorkerContext(config, store)
+        return ctx
+
+
+def forget_contexts() -> None:
+    """Drop every run's in-memory state in this process (tests; a finished run)."""
+    with _CONTEXTS_LOCK:
+        _CONTEXTS.clear()
+
+
+# --- tasks ------------------------------------------------------------------------------------
+def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, request: str,
+                     version: int, num_steps: int | None = None) -> Trajectory:
+    """SDE-sample one request, committing the latent after every step when streaming is on.
+
+    A request the store already holds steps of (an earlier attempt was killed) resumes from its
+    last committed step; the steps before it are read back and their log-probabilities
+    recomputed, so the trajectory equals an uninterrupted one bit for bit.
+    """
+    config = ctx.config
+    steps = num_steps or config.sampler.num_steps
+    if not config.stream_latents:
+        return sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps)
+    point = ctx.store.resume_point(stage, request)
+    start = 0
+    if point is not None:
+        if point.weights_version != version:
+            raise RuntimeError(f"{stage}/{request} was started with weights version "
+                               f"{point.weights_version}, now asked for {version}")
+        start = point.step
+    with ctx.store.latent_sink(stage) as sink:
+        def commit(step: int, x: torch.Tensor) -> None:
+            sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version)
+
+        if point is None:
+            commit(0, initial_latents(keys, ctx.policy.tokens_shape))
+        traj = sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps,
+                      start_step=start, start_latents=None if point is None
+                      else torch.from_numpy(np.asarray(point.latent)),
+                      on_step=lambda t, x: commit(t + 1, x))
+    if start > 0:
+        earlier = np.asarray(ctx.store.latents.read_steps(stage, request, 0, start))
+        traj.latents[:, :start] = torch.from_numpy(earlier).transpose(0, 1)
+        _recompute_log_probs(ctx.policy, traj, prompts, config, start, steps)
+    return traj
+
+
+@torch.no_grad()
+def _recompute_log_probs(policy, traj: Trajectory, prompts: list[str], config: RunConfig,
+                         stop: int, steps: int) -> None:
+    """Fill the log-probabilities of the SDE steps before ``stop`` from the stored latents."""
+    sampler = config.sampler
+    if steps != sampler.num_steps:
+        return   # exploration replays use no log-probabilities
+    text = policy.encode(prompts)
+    for t in traj.trainable_steps:
+        if t < stop:
+            dist = transition_distribution(policy, traj.latents, t, traj.sigmas, text, sampler)
+            traj.log_probs[:, t] = gaussian_log_prob(traj.latents[:, t + 1], dist)
+
+
+def rollout_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],
+                 seeds: np.ndarray, version: int) -> RolloutOutput:
+    """SDE rollout of P prompts x G seeds at weights ``version``; persisted before it returns."""
+    start = time.time()
+    ctx = context(config, store)
+    with ctx.lock:
+        policy = ctx.policy_at(version)
+        policy.eval()
+        flat = [p.text for p in prompts for _ in range(seeds.shape[1])]
+        keys = sample_keys(config.seed, prompts, seeds)
+        stage = stage_name(iteration, "rollout")
+        traj = _sample_streamed(ctx, flat, keys, stage, ROLLOUT_REQUEST, version)
+        arrays = {"log_probs": traj.log_probs.numpy(), "seeds": np.asarray(seeds)}
+        if not config.stream_latents:
+            arrays["latents"] = traj.latents.numpy()
+        store.put_arrays(stage, "rollout", arrays)
+        out = RolloutOutput(iteration, traj, task_record("rollout", iteration, start, version))
+        ctx.rollouts = {iteration: out}   # keep only the newest: memory stays bounded
+        return out
+
+
+def load_rollout_task(config: RunConfig, store: RunStore, iteration: int) -> RolloutOutput:
+    """A finished rollout read back from the run store (resumed runs; never recomputed)."""
+    ctx = context(config, store)
+    with ctx.lock:
+        return ctx.rollout(iteration)
+
+
+def reward_task(config: RunConfig, store: RunStore, rollout: RolloutOutput, prompts: list[Prompt],
+                group: int, version: int) -> dict:
+    """Decode the rollout's final latents and score them; persisted before it returns."""
+    start = time.time()
+    ctx = context(config, store)
+    flat = [p for p in prompts for _ in range(group)]
+    with ctx.lock:
+        images = ctx.policy.decode(rollout.trajectory.final)
+        rewards = np.asarray(ctx.reward_fn(images, flat), dtype=np.float64)
+    check_rewards(rewards, "rollout")
+    rewards = rewards.reshape(len(prompts), group)
+    store.put_arrays(stage_name(rollout.iteration, "reward"), "reward", {"rewards": rewards})
+    return {"rewards": rewards, "records": [rollout.record] if rollout.record else [],
+            "record": task_record("reward", rollout.iteration, start, version)}
+
+
+def advantages_task(config: RunConfig, iteration: int, rewards: np.ndarray, version: int) -> dict:
+    start = time.time()
+    grpo = config.grpo
+    adv = group_advantages(rewards, global_std=grpo.global_std, clip=grpo.adv_clip_max)
+    return {"values": adv.values, "kept": adv.kept, "group_std": adv.group_std,
+            "record": task_record("advantages", iteration, start, version)}
+
+
+def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput, prompts: list[Prompt],
+               rewards: np.ndarray, advantages: dict, version: int) -> dict:
+    """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint."""
+    from spotlight.rl.grpo import Advantages
+
+    start = time.time()
+    ctx = context(config, store)
+    group = rewards.shape[1]
+    with ctx.lock:
+        trainer = ctx.trainer_at(version)
+        flat = [p for p in prompts for _ in range(group)]
+        batch = Rollout(flat, [], rollout.trajectory, np.empty(0), rewards)
+        adv = Advantages(advantages["values"], advantages["kept"], advantages["group_std"])
+        stats = trainer.train(batch, adv, rollout.iteration)
+        ctx.version = ctx.trainer_version = version + 1
+        weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+        optimizer_state = trainer.optimizer.state_dict()
+    return {"weights": weights, "optimizer_state": optimizer_state, "stats": stats,
+            "record": task_record("train", rollout.iteration, start, version)}
+
+
+def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration: int,
+                    version: int) -> dict:
+    """Save θ_version+1 (weights and optimizer state) to the run store."""
+    start = time.time()
+    saved = store.save_checkpoint(version + 1, trained["weights"], trained["optimizer_state"],
+                                  metadata={"trained_in_iteration": iteration})
+    return {"stats": trained["stats"], "checkpoint": {"iteration": saved["iteration"]},
+            "records": [trained["record"],
+                        task_record("checkpoint", iteration, start, version + 1)]}
+
+
+def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_index: int,
+                 prompt: Prompt, seeds: np.ndarray, chunk: int, version: int,
+                 stage: str = "explore") -> dict:
+    """Score candidate seeds of one prompt by replaying the rollout's SDE sampler at ``version``.
+
+    ``iteration`` is the iteration the seeds are for; with stale weights ``version`` is
+    ``iteration - 1``. One call is one request of fixed batch shape.
+    """
+    start = time.time()
+    ctx = context(config, store)
+    steps = config.exploration.steps or config.sampler.num_steps
+    with ctx.lock:
+        policy = ctx.policy_at(version)
+        policy.eval()
+        keys = sample_keys(config.seed, [prompt], np.asarray(seeds)[None, :])
+        traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys,
+                                stage_name(iteration, stage), explore_request(prompt_index, chunk),
+                                version, num_steps=steps)
+        images = policy.decode(traj.final)
+        rewards = np.asarray(ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
+    check_rewards(rewards, "exploration")
+    return {"prompt_index": prompt_index, "chunk": chunk, "seeds": np.asarray(seeds),
+            "rewards": rewards,
+            "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
+                                  chunk=chunk)}
+
+
+def validation_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],
+                    version: int) -> dict:
+    """Deterministic ODE validation of weights ``version`` on held-out prompts."""
+    start = time.time()
+    ctx = context(config, store)
+    with ctx.lock:
+        result = validate(ctx.policy_at(version), prompts, ctx.reward_fn, check_rewards, config)
+    return {"mean_reward": result.mean_reward, "rewards": result.rewards,
+            "images": result.images.astype(np.float16),
+            "record": task_record("validation", iteration, start, version)}

@@ -1,0 +1,95 @@
+"""Max-variance seed selection: pure functions over explored (seed, reward) candidates.
+
+Choosing G of N values to maximise their variance has an exact, cheap answer: an optimal
+subset is always the j lowest plus the G - j highest values for some j (moving any chosen
+value towards the middle can only shrink the spread), so trying every j is exhaustive.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def max_variance_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np.ndarray:
+    """Indices of ``size`` candidates with the largest reward variance.
+
+    Ties are broken deterministically: candidates are ordered by (reward, seed), and among
+    equally good splits the one with the fewest low values wins.
+    """
+    rewards, seeds = np.asarray(rewards, dtype=np.float64), np.asarray(seeds)
+    if rewards.shape != seeds.shape or rewards.ndim != 1:
+        raise ValueError(f"rewards {rewards.shape} and seeds {seeds.shape} must be equal 1-d shapes")
+    if not 1 <= size <= len(rewards):
+        raise ValueError(f"cannot choose {size} of {len(rewards)} candidates")
+    order = np.lexsort((seeds, rewards))
+    best, best_var = None, -1.0
+    for low in range(size + 1):
+        chosen = np.concatenate([order[:low], order[len(order) - (size - low):]])
+        var = float(np.var(rewards[chosen]))
+        if var > best_var + 1e-12:
+            best, best_var = chosen, var
+    return np.sort(best)
+
+
+def fill_seeds(chosen: np.ndarray, size: int, fresh: np.ndarray) -> tuple[np.ndarray, int]:
+    """Top up ``chosen`` seeds to ``size`` from ``fresh`` ones (skipping duplicates).
+
+    Returns the seeds and how many were filled in.
+    """
+    out = [int(s) for s in chosen]
+    filled = 0
+    for s in fresh:
+        if len(out) >= size:
+            break
+        if int(s) not in out:
+            out.append(int(s))
+            filled += 1
+    if len(out) < size:
+        raise ValueError(f"need {size} seeds, have {len(out)} after filling; pass more fresh seeds")
+    return np.asarray(out, dtype=np.int64), filled
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The seeds chosen for each prompt of one iteration, and how they were chosen."""
+
+    seeds: np.ndarray               # (P, G)
+    explored: np.ndarray            # (P,) finished candidates per prompt
+    filled: np.ndarray              # (P,) random seeds added because too few finished
+    selected_rewards: np.ndarray    # (P, G) exploration reward of each chosen seed (nan if filled)
+
+    def to_record(self) -> dict:
+        return {"seeds": self.seeds.tolist(), "explored": self.explored.tolist(),
+                "filled": self.filled.tolist(),
+                "selected_rewards": np.where(np.isnan(self.selected_rewards), None,
+                                             self.selected_rewards).tolist()}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Selection":
+        rewards = np.array([[np.nan if r is None else r for r in row]
+                            for row in record["selected_rewards"]], dtype=np.float64)
+        return cls(np.asarray(record["seeds"], dtype=np.int64), np.asarray(record["explored"]),
+                   np.asarray(record["filled"]), rewards)
+
+
+def select_seeds(candidates: list[tuple[np.ndarray, np.ndarray]], group: int,
+                 fresh: np.ndarray) -> Selection:
+    """Per prompt: the ``group`` most spread of its finished (seeds, rewards), topped up from
+    ``fresh`` (P, >= group) random seeds when fewer than ``group`` finished."""
+    seeds_out, explored, filled, rewards_out = [], [], [], []
+    for p, (seeds, rewards) in enumerate(candidates):
+        seeds, rewards = np.asarray(seeds, dtype=np.int64), np.asarray(rewards, dtype=np.float64)
+        explored.append(len(seeds))
+        if len(seeds) >= group:
+            idx = max_variance_subset(rewards, seeds, group)
+            seeds_out.append(seeds[idx])
+            rewards_out.append(rewards[idx])
+            filled.append(0)
+            continue
+        row, n = fill_seeds(seeds, group, fresh[p])
+        seeds_out.append(row)
+        rewards_out.append(np.concatenate([rewards, np.full(n, np.nan)]))
+        filled.append(n)
+    return Selection(np.stack(seeds_out), np.asarray(explored), np.asarray(filled),
+                     np.stack(rewards_out))

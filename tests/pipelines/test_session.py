@@ -1,0 +1,190 @@
+"""The Dask iteration graph on real worker processes: placement, versions, resume, bad clusters."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from pipelines.cluster import ClusterError
+from pipelines.session import Session
+from spotlight.config import ConfigError, load_config
+from storage import RunStore
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def task_records(store: RunStore, iterations: int) -> list[dict]:
+    out = []
+    for k in range(iterations):
+        out += store.get_json(f"iter-{k}/iteration", "tasks")["tasks"]
+    return out
+
+
+def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_config, tmp_path):
+    with Session.from_config(tiny_run_config, store=str(tmp_path / "run")) as session:
+        assert session.mode == "spotlight"
+        history = session.run(2)
+        store = session.store
+        records = task_records(store, 2)
+        assert list(history.index) == [0, 1]
+        assert history["cost_total_usd"].iloc[-1] > history["cost_usd"].iloc[0] > 0
+    stages = {r["stage"] for r in records}
+    assert {"rollout", "reward", "advantages", "train", "checkpoint", "validation", "explore"} <= stages
+    for r in records:
+        expected = "spot-" if r["stage"] == "explore" else "gpu-"
+        assert r["worker"].startswith(expected), r
+        assert r["end"] >= r["start"]
+    explores = [r for r in records if r["stage"] == "explore"]
+    # Exploration ran only for iteration 1 (the last iteration has no next), with θ_0.
+    assert explores and {(r["iteration"], r["weights_version"]) for r in explores} == {(1, 0)}
+    rollouts = {r["iteration"]: r["weights_version"] for r in records if r["stage"] == "rollout"}
+    assert rollouts == {0: 0, 1: 1}
+    # Iteration 1 rolled out the explored seeds with the most spread.
+    selection = store.stage_record("iter-1/selection")["info"]
+    assert selection["source"] == "explore"
+    candidates = store.get_json("iter-1/explore", "candidates")
+    for row, seeds in zip(selection["selection"]["seeds"], candidates["seeds"]):
+        assert set(row) <= set(seeds) and len(seeds) == tiny_run_config.exploration.candidates
+    table = xr.open_zarr(store.url + "/rewards.zarr")
+    assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
+
+
+def _spotlight_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))",
+            *args]
+
+
+def _wait_for_stage(store_path, stage: str, proc: subprocess.Popen, limit_s: float = 300) -> None:
+    manifest = store_path / "manifest.json"
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early with {proc.returncode}: {proc.stdout.read()}")
+        if manifest.exists() and f'"{stage}"' in manifest.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"stage {stage} never appeared")
+
+
+@pytest.mark.parametrize("kill_after", ["iter-000000/reward", "iter-000001/train"])
+def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path, kill_after):
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    config = load_config(tiny_run_yaml, {"iterations": 3})
+    with Session.from_config(config, store=str(clean)) as session:
+        session.run(3)
+
+    proc = subprocess.Popen(_spotlight_cmd("run", "--config", str(tiny_run_yaml), "--iterations", "3",
+                                           "--store", str(killed)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for_stage(killed, kill_after, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)   # the driver and every worker process it started
+        proc.wait()
+    done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed)), capture_output=True,
+                          text=True, timeout=500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resuming after iteration" in done.stdout
+
+    a, b = RunStore.open(str(clean), create=False), RunStore.open(str(killed), create=False)
+    assert a.latest_checkpoint() == b.latest_checkpoint() == 3
+    wa, wb = a.load_checkpoint(3), b.load_checkpoint(3)
+    for name, tensor in wa.weights.items():
+        assert torch.equal(tensor, wb.weights[name]), name
+    ra, rb = a.open_rewards(), b.open_rewards()
+    np.testing.assert_array_equal(ra["reward"].values, rb["reward"].values)
+    np.testing.assert_array_equal(ra["seed"].values, rb["seed"].values)
+    resumed = [r for r in Session_results(b) if r["resumed_stages"]]
+    assert resumed, "the resumed iteration should report the stages it did not recompute"
+
+
+def Session_results(store: RunStore) -> list[dict]:
+    out, k = [], 0
+    while (rec := store.stage_record(f"iter-{k}/iteration")) is not None:
+        out.append(rec["info"]["result"])
+        k += 1
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def remote_cluster(tmp_path):
+    """A real `dask scheduler` and `dask worker --resources` processes on loopback."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = [sys.executable, "-m", "distributed.cli.dask_"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(dask[:2] + ["distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                          "--port", str(port), "--no-dashboard"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+
+    def worker(resource: str, name: str) -> None:
+        procs.append(subprocess.Popen(
+            dask[:2] + ["distributed.cli.dask_worker", address, "--nthreads", "1", "--name", name,
+                        "--resources", f"{resource}=1", "--no-dashboard", "--memory-limit", "0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    yield address, worker
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_run_against_real_dask_scheduler_and_workers(remote_cluster, tiny_run_config, tmp_path):
+    address, start_worker = remote_cluster
+    start_worker("gpu", "gpu-remote")
+    start_worker("spot", "spot-remote")
+    tiny_run_config.cluster.scheduler = address
+    with Session.from_config(tiny_run_config, store=str(tmp_path / "run")) as session:
+        session.run(2)
+        records = task_records(session.store, 2)
+    assert {r["worker"] for r in records if r["stage"] == "explore"} == {"spot-remote"}
+    assert {r["worker"] for r in records if r["stage"] != "explore"} == {"gpu-remote"}
+
+
+def test_cluster_without_spot_worker_says_so_and_offers_the_fallback(remote_cluster, tiny_run_config,
+                                                                      tmp_path):
+    address, start_worker = remote_cluster
+    start_worker("gpu", "gpu-only")
+    tiny_run_config.cluster.scheduler = address
+    tiny_run_config.cluster.worker_wait_s = 3
+    with pytest.raises(ClusterError, match=r"no worker with resource 'spot'.*--mode sync"):
+        Session.from_config(tiny_run_config, store=str(tmp_path / "a"))
+    tiny_run_config.cluster.missing_spot = "sync"
+    with Session.from_config(tiny_run_config, store=str(tmp_path / "b")) as session:
+        assert session.mode == "sync"
+        session.run(1)
+        records = task_records(session.store, 1)
+    assert {r["stage"] for r in records} >= {"rollout", "train"}
+    assert all(r["worker"] == "gpu-only" for r in records)
+
+
+def test_unreachable_scheduler_fails_fast_and_leaves_the_run_intact(tiny_run_config, tmp_path):
+    with Session.from_config(tiny_run_config, store=str(tmp_path / "run"), mode="vanilla") as session:
+        session.run(1)
+    before = (tmp_path / "run" / "manifest.json").read_bytes()
+    nobody = f"tcp://127.0.0.1:{_free_port()}"
+    with pytest.raises(ClusterError, match=f"could not reach the Dask scheduler at {nobody}"):
+        Session.resume(str(tmp_path / "run"), scheduler=nobody, connect_timeout_s=1)
+    assert (tmp_path / "run" / "manifest.json").read_bytes() == before
+
+
+def test_batch_that_does_not_fit_the_group_is_refused(tiny_run_yaml):
+    with pytest.raises(ConfigError, match=r"grpo.micro_batch = 6 does not hold whole groups"):
+        load_config(tiny_run_yaml, {"grpo.micro_batch": 6})
+    with pytest.raises(ConfigError, match=r"exploration.candidates = 3 cannot fill a group"):
+        load_config(tiny_run_yaml, {"exploration.candidates": 3})
