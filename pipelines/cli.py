@@ -29,7 +29,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import run_demo
 
     config = _config(args)
-    run_demo(config, iterations=args.iterations, report_dir=Path(args.report))
+    run_demo(config, iterations=args.iterations, report_dir=Path(args.report), store=args.store)
     return 0
 
 
@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name not in BENCHES:
         print(f"error: unknown benchmark {args.name!r}; choose one of {sorted(BENCHES)}", file=sys.stderr)
         return 2
-    options = {"quick": args.quick, "task": args.task, "config": args.config}
+    options = {"quick": args.quick, "task": args.task, "config": args.config, "json_path": args.json}
     if args.time_budget is not None:
         options["time_budget_s"] = args.time_budget
     result = BENCHES[args.name](**options)
@@ -127,10 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("demo", help="pretrain (cached), post-train a few iterations, write a report")
+    p = sub.add_parser("demo", help="pretrain (cached), run a few iterations on an embedded Dask "
+                                    "cluster, write a report")
     with_config(p)
     p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
     p.add_argument("--report", default="reports/demo", help="report folder (default reports/demo)")
+    p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run RL iterations on a Dask cluster (embedded by default)")

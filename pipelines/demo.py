@@ -1,46 +1,72 @@
-"""``make demo``: pretrain (cached), a few Flow-GRPO iterations in one process, and a report."""
+"""``make demo``: the digits OCR task on an embedded Dask cluster in spotlight mode, and a report.
+
+Pretraining is cached; the run starts a scheduler, one on-demand (gpu) and one spot worker,
+runs a few iterations with stale-weight exploration on the spot worker, and writes a report
+folder: validation grids before and after, the reward curve, and a per-worker timeline that
+shows exploration overlapping training.
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipelines.inprocess import InProcessRun
+import numpy as np
+
+from pipelines.console import ConsoleProgress
 from pipelines.report import image_grid, reward_curve
+from pipelines.session import Session
+from pipelines.timeline import overlap_fraction, plot_timeline
 from spotlight.config import RunConfig
 
 
-def _labels(result) -> list[str]:
-    seeds = result.rewards.shape[1]
-    return [(p.target or p.text) for p in result.prompts for _ in range(seeds)]
+def _grid(validation: dict, prompts, path: Path) -> None:
+    rewards = validation["rewards"]
+    seeds = rewards.shape[1]
+    labels = [(p.target or p.text) for p in prompts[: rewards.shape[0]] for _ in range(seeds)]
+    image_grid(validation["images"][:32].astype(np.float32), labels[:32], path,
+               rewards=rewards.reshape(-1)[:32])
 
 
-def run_demo(config: RunConfig, iterations: int | None = None, report_dir: Path = Path("reports/demo")) -> dict:
+def run_demo(config: RunConfig, iterations: int | None = None,
+             report_dir: Path = Path("reports/demo"), store: str | None = None) -> dict:
     iterations = config.iterations if iterations is None else iterations
-    print(f"spotlight demo: task={config.world.task} config={config.source} iterations={iterations}")
-    run = InProcessRun(config)
-    print(f"recogniser held-out accuracy: {run.reward_fn.recognizer_accuracy:.3f}")
-    before = run.validate(0)
-    print(f"validation reward before RL: {before.mean_reward:.3f}")
-    image_grid(before.images[:32], _labels(before)[:32], report_dir / "validation_before.png",
-               rewards=before.rewards.reshape(-1)[:32])
-
-    def line(stats, val):
-        extra = f"  val {val:.3f}" if val is not None else ""
-        print(f"iter {stats.iteration + 1:3d}/{iterations}  reward {stats.reward_mean:.3f}  "
-              f"group std {stats.group_reward_std:.3f}  zero-std groups {stats.zero_std_groups}/"
-              f"{stats.groups}  {sum(stats.seconds.values()):.1f}s{extra}", flush=True)
-
-    history = run.run(iterations, on_iteration=line)
-    after = run.last_validation  # run() always ends with a validation of the final weights
-    image_grid(after.images[:32], _labels(after)[:32], report_dir / "validation_after.png",
-               rewards=after.rewards.reshape(-1)[:32])
-    reward_curve({config.world.task: history.val_curve}, report_dir / "reward_curve.png")
-    summary = {"task": config.world.task, "iterations": iterations,
-               "val_reward_before": before.mean_reward, "val_reward_after": after.mean_reward,
-               "val_curve": history.val_curve}
+    config.iterations = iterations
+    print(f"spotlight demo: task={config.world.task} mode={config.mode} config={config.source} "
+          f"iterations={iterations}")
+    with Session.from_config(config, store=store, on_event=ConsoleProgress(), progress=True) as session:
+        print(f"run store: {session.url}")
+        print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
+        session.run(iterations)
+        driver, results = session.driver, session.results
+        before, after = driver.first_validation, driver.last_validation
+        curve = session.val_curve()
+        tasks = session.task_records()
+        val_prompts = session.val_prompts
+        url = session.url
+    report_dir.mkdir(parents=True, exist_ok=True)
+    _grid(before, val_prompts, report_dir / "validation_before.png")
+    _grid(after, val_prompts, report_dir / "validation_after.png")
+    reward_curve({config.world.task: curve}, report_dir / "reward_curve.png")
+    plot_timeline(tasks, report_dir / "timeline.png",
+                  title=f"{config.world.task}, {config.mode} mode: tasks per worker")
+    overlap = overlap_fraction(tasks, inner="explore", outer="train") \
+        if any(t["stage"] == "explore" for t in tasks) else None
+    summary = {
+        "task": config.world.task, "mode": config.mode, "iterations": iterations, "run": url,
+        "val_reward_before": before["mean_reward"], "val_reward_after": after["mean_reward"],
+        "val_curve": curve, "explored": sum(r.explored for r in results),
+        "planned": sum(r.planned for r in results), "exploration_overlap": overlap,
+        "wall_s": results[-1].end - results[0].start if results else 0.0,
+        "cost_usd": results[-1].cost_total_usd if results else 0.0}
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"validation reward after RL:  {after.mean_reward:.3f}  "
-          f"(change {after.mean_reward - before.mean_reward:+.3f})")
-    print(f"report: {report_dir}/ (validation_before.png, validation_after.png, reward_curve.png)")
+    print(f"validation reward before RL: {before['mean_reward']:.3f}")
+    print(f"validation reward after RL:  {after['mean_reward']:.3f}  "
+          f"(change {after['mean_reward'] - before['mean_reward']:+.3f})")
+    if overlap is not None:
+        print(f"exploration: {summary['explored']}/{summary['planned']} candidates scored, "
+              f"{overlap:.0%} of it while training ran")
+    print(f"cost: ${summary['cost_usd']:.4f} at the configured cloud prices")
+    print(f"report: {report_dir}/ (validation_before.png, validation_after.png, reward_curve.png, "
+          "timeline.png, summary.json)")
+    print(f"audit: spotlight audit {url}")
     return summary
-

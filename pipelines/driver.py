@@ -78,6 +78,7 @@ class Driver:
         self.prices = _prices(config)
         self.ledger = self._restored_ledger()
         self._attempt = uuid.uuid4().hex[:6]
+        self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
 
     def _restored_ledger(self) -> CostLedger:
@@ -290,6 +291,7 @@ class Driver:
         out = self._submit(tasks.validation_task, self.config, self.store, version,
                            self.val_prompts, version, resource=GPU, name="validation").result()
         self.last_validation = out
+        self.first_validation = self.first_validation or out
         if records is not None:
             records.append(out["record"])
         self.store.mark_stage_done(stage, {"mean_reward": out["mean_reward"], "version": version,

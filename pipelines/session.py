@@ -161,6 +161,24 @@ class Session:
         frame = pd.DataFrame(rows)
         return frame.set_index("iteration") if len(frame) else frame
 
+    def task_records(self) -> list[dict]:
+        """Every task of the completed iterations: stage, worker, start, end, weights version."""
+        out = []
+        for k in range(self.completed_iterations()):
+            out += self.store.get_json(stage_name(k, "iteration"), "tasks")["tasks"]
+        return out
+
+    def val_curve(self) -> list[dict]:
+        """Validation reward by iteration (0 = the base model), with wall seconds since the start."""
+        base = self.store.stage_record("base-validation")
+        results = self.results
+        t0 = results[0].start if results else 0.0
+        curve = [] if base is None else [{"iteration": 0, "wall_s": 0.0,
+                                          "val_reward": float(base["info"]["mean_reward"])}]
+        curve += [{"iteration": r.iteration + 1, "wall_s": r.end - t0, "val_reward": r.val_reward}
+                  for r in results if r.val_reward is not None]
+        return curve
+
     @property
     def base_val_reward(self) -> float | None:
         record = self.store.stage_record("base-validation")

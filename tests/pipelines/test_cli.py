@@ -28,10 +28,11 @@ def tiny_yaml(tmp_path):
 
 def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
     report = tmp_path / "report"
-    assert main(["demo", "--config", str(tiny_yaml), "--report", str(report)]) == 0
+    assert main(["demo", "--config", str(tiny_yaml), "--report", str(report),
+                 "--store", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "validation reward before RL" in out and "validation reward after RL" in out
-    for name in ("validation_before.png", "validation_after.png", "reward_curve.png"):
+    for name in ("validation_before.png", "validation_after.png", "reward_curve.png", "timeline.png"):
         assert (report / name).stat().st_size > 0
     summary = json.loads((report / "summary.json").read_text())
     assert summary["iterations"] == 2 and [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]

@@ -1,0 +1,105 @@
+"""``spotlight bench overhead``: what the Dask pipeline costs over the same work in one process.
+
+Three runs from the same base model and seeds, each streaming latents and saving checkpoints:
+1. in-process: the pipeline's own task functions called in sequence (no Dask), one torch thread
+   like a worker;
+2. ``vanilla`` on the embedded cluster (1 gpu + 1 spot worker): the same iterations as futures;
+3. ``spotlight`` on the same cluster: stale-weight exploration on the spot worker while the gpu
+   worker trains.
+``overhead_ratio`` = (2) / (1); ``critical_path_ratio`` = (3) / (2) iteration wall time;
+``exploration_overlap`` = share of exploration task time inside training windows, from (3).
+"""
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from pathlib import Path
+
+from pipelines import worker as tasks
+from pipelines.bench import machine, register_bench
+from pipelines.session import Session
+from pipelines.timeline import overlap_fraction, plot_timeline
+from spotlight.config import RunConfig, load_config
+from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.prompts import load_prompts
+from spotlight.rewards import build_reward
+from spotlight.rl.trainer import iteration_prompts, random_seeds
+from storage import RunStore
+
+
+def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) -> list[float]:
+    """The pipeline's tasks called in order in this process; wall seconds per iteration."""
+    base = load_base_policy(config)
+    store.save_checkpoint(0, base.state_dict(), None)
+    train = load_prompts(config.world.train_prompts, config.world.task)
+    val = load_prompts(config.world.val_prompts, config.world.task)
+    grpo = config.grpo
+    tasks.validation_task(config, store, 0, val, 0)
+    walls = []
+    for k in range(iterations):
+        start = time.time()
+        prompts = iteration_prompts(train, k, grpo.prompts_per_iteration, config.seed)
+        seeds = random_seeds(config.seed, k, len(prompts), grpo.group_size)
+        rollout = tasks.rollout_task(config, store, k, prompts, seeds, k)
+        reward = tasks.reward_task(config, store, rollout, prompts, grpo.group_size, k)
+        adv = tasks.advantages_task(config, k, reward["rewards"], k)
+        trained = tasks.train_task(config, store, rollout, prompts, reward["rewards"], adv, k)
+        tasks.checkpoint_task(config, store, trained, k, k)
+        if (k + 1) % config.validation.every == 0 or k + 1 == iterations:
+            tasks.validation_task(config, store, k + 1, val, k + 1)
+        walls.append(time.time() - start)
+    tasks.forget_contexts()
+    return walls
+
+
+def _session_run(config: RunConfig, mode: str, url: str, iterations: int) -> tuple[list, list]:
+    cfg = copy.deepcopy(config)
+    cfg.mode = mode
+    cfg.cluster.dashboard = False
+    with Session.from_config(cfg, store=url) as session:
+        session.run(iterations)
+        return session.results, session.task_records()
+
+
+@register_bench("overhead")
+def bench_overhead(quick: bool = False, config: str | None = None, iterations: int | None = None,
+                   task: str = "ocr", json_path: str | None = None, **_: object) -> dict:
+    started = time.monotonic()
+    overrides = {"validation.every": 4}
+    if quick:
+        overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
+                          "grpo.micro_batch": 16, "validation.max_prompts": 8,
+                          "exploration.candidates": 8, "exploration.request_batch": 4})
+    cfg = load_config(config or "configs/digits.yaml", overrides)
+    iterations = iterations or (3 if quick else 8)
+    pretrain(cfg)
+    build_reward(cfg.reward)
+    root = Path(tempfile.mkdtemp(prefix="spotlight-bench-overhead-"))
+    inprocess = inprocess_iterations(cfg, RunStore.open(str(root / "inprocess")), iterations)
+    vanilla, _ = _session_run(cfg, "vanilla", str(root / "vanilla"), iterations)
+    spot, spot_tasks = _session_run(cfg, "spotlight", str(root / "spotlight"), iterations)
+    # Iterations that explored for a next one (all but the last) against the same vanilla ones.
+    explored = [r.iteration for r in spot if r.planned]
+    spot_wall = sum(r.wall_s for r in spot if r.iteration in explored)
+    vanilla_wall = sum(r.wall_s for r in vanilla if r.iteration in explored)
+    timeline = Path(json_path).with_suffix(".timeline.png") if json_path else \
+        root / "timeline.png"
+    plot_timeline(spot_tasks, timeline, title="bench overhead: spotlight mode")
+    dask_s = sum(r.wall_s for r in vanilla)
+    inprocess_s = sum(inprocess)
+    return {
+        "bench": "overhead", "config": cfg.source, "iterations": iterations,
+        "inprocess_s": inprocess_s, "dask_s": dask_s, "overhead_ratio": dask_s / inprocess_s,
+        "exploration_overlap": overlap_fraction(spot_tasks, inner="explore", outer="train"),
+        "critical_path_ratio": spot_wall / vanilla_wall if vanilla_wall else None,
+        "spotlight_iteration_s": [r.wall_s for r in spot],
+        "vanilla_iteration_s": [r.wall_s for r in vanilla],
+        "inprocess_iteration_s": inprocess,
+        "explored_candidates": sum(r.explored for r in spot),
+        "planned_candidates": sum(r.planned for r in spot),
+        "filled_seeds": sum(r.filled for r in spot),
+        "cost_usd": {"vanilla": vanilla[-1].cost_total_usd, "spotlight": spot[-1].cost_total_usd},
+        "timeline_png": str(timeline), "runs": str(root),
+        "wall_s": time.monotonic() - started, "machine": machine(),
+    }
