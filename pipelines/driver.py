@@ -93,6 +93,15 @@ class Driver:
             ledger.worker_left(name, last["result"]["end"])
         return ledger
 
+    def warm_up(self) -> list:
+        """Load the newest weights in every worker now, in the background (futures returned)."""
+        version = self.store.latest_checkpoint() or 0
+        workers = self.cluster.client.scheduler_info(n_workers=-1)["workers"]
+        return [self.cluster.client.submit(tasks.warm_up_task, self.config, self.store, version,
+                                           workers=[address], allow_other_workers=False,
+                                           pure=False, key=f"warm-up-{self._attempt}-{i}")
+                for i, address in enumerate(workers)]
+
     # --- helpers --------------------------------------------------------------------------------
     def _submit(self, fn, *args, resource: str, name: str, **kwargs):
         return self.cluster.client.submit(fn, *args, resources={resource: 1}, pure=False,
@@ -150,7 +159,8 @@ class Driver:
         failed = [f for f in futures if isinstance(f, Future) and f.status == "error"]
         if failed:
             failed[0].result()   # an exploration bug is an error, not an unfinished candidate
-        finished = [f.result() for f in futures if f.status == "finished"]
+        # One batched fetch: a .result() per future is a round trip each, on the critical path.
+        finished = self.cluster.client.gather([f for f in futures if f.status == "finished"])
         pending = [f for f in futures if f.status != "finished"]
         if pending:
             self.cluster.client.cancel(pending)

@@ -47,6 +47,7 @@ class Session:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
+        self._warm_up = self.driver.warm_up()   # workers load weights while the driver plans
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod

@@ -139,6 +139,19 @@ def forget_contexts() -> None:
 
 
 # --- tasks ------------------------------------------------------------------------------------
+def warm_up_task(config: RunConfig, store: RunStore, version: int) -> dict:
+    """Import the model code, build the reward and load weights ``version`` in this worker.
+
+    Submitted to every worker when a session starts: otherwise a spot worker's first
+    exploration request spends the first training window importing and loading instead.
+    """
+    start = time.time()
+    ctx = context(config, store)
+    with ctx.lock:
+        ctx.policy_at(version)
+    return task_record("warm-up", max(version - 1, 0), start, version)
+
+
 def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, request: str,
                      version: int, num_steps: int | None = None) -> Trajectory:
     """SDE-sample one request, committing the latent after every step when streaming is on.

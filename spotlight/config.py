@@ -206,6 +206,8 @@ class ClusterConfig(Validated):
                                       "'error', or fall back to 'sync' exploration on gpu workers.",
                              choices=("error", "sync"))
     dashboard: bool = spec(True, "Serve the Dask dashboard of an embedded cluster.")
+    spot_nice: int = spec(10, "CPU niceness of embedded spot workers: on a shared machine they "
+                              "take spare cycles only, as a separate spot VM would.", range=(0, 19))
 
 
 MARKETS = ("on_demand", "spot")

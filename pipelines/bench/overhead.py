@@ -8,6 +8,8 @@ Three runs from the same base model and seeds, each streaming latents and saving
    worker trains.
 ``overhead_ratio`` = (2) / (1); ``critical_path_ratio`` = (3) / (2) iteration wall time;
 ``exploration_overlap`` = share of exploration task time inside training windows, from (3).
+The three runs are repeated in rounds (three by default, the order reversed every other round) and the
+ratios are taken over the sums.
 """
 from __future__ import annotations
 
@@ -64,25 +66,39 @@ def _session_run(config: RunConfig, mode: str, url: str, iterations: int) -> tup
 
 @register_bench("overhead")
 def bench_overhead(quick: bool = False, config: str | None = None, iterations: int | None = None,
-                   task: str = "ocr", json_path: str | None = None, **_: object) -> dict:
+                   task: str = "ocr", json_path: str | None = None, rounds: int | None = None,
+                   **_: object) -> dict:
     started = time.monotonic()
     overrides = {"validation.every": 4}
     if quick:
-        overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
-                          "grpo.micro_batch": 16, "validation.max_prompts": 8,
+        # Half the batch, so the training window still holds a few exploration requests.
+        overrides.update({"grpo.prompts_per_iteration": 8, "grpo.group_size": 4,
+                          "grpo.micro_batch": 32, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 4})
     cfg = load_config(config or "configs/digits.yaml", overrides)
-    iterations = iterations or (3 if quick else 8)
+    iterations = iterations or (2 if quick else 8)
     pretrain(cfg)
     build_reward(cfg.reward)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-overhead-"))
-    inprocess = inprocess_iterations(cfg, RunStore.open(str(root / "inprocess")), iterations)
-    vanilla, _ = _session_run(cfg, "vanilla", str(root / "vanilla"), iterations)
-    spot, spot_tasks = _session_run(cfg, "spotlight", str(root / "spotlight"), iterations)
+    # Rounds alternate the order (in-process, vanilla, spotlight, then the reverse): a slow
+    # drift of a shared machine then weighs on every mode alike, not on whichever ran last.
+    inprocess, vanilla, spot, spot_tasks, all_tasks = [], [], [], [], []
+    for r in range(rounds or (1 if quick else 3)):
+        for run in ("inprocess", "vanilla", "spotlight")[:: 1 if r % 2 == 0 else -1]:
+            url = str(root / f"{run}-{r}")
+            if run == "inprocess":
+                inprocess += inprocess_iterations(cfg, RunStore.open(url), iterations)
+            elif run == "vanilla":
+                vanilla += _session_run(cfg, "vanilla", url, iterations)[0]
+            else:
+                results, records = _session_run(cfg, "spotlight", url, iterations)
+                spot += results
+                all_tasks += records
+                spot_tasks = spot_tasks or records   # the timeline shows the first round
     # Iterations that explored for a next one (all but the last) against the same vanilla ones.
-    explored = [r.iteration for r in spot if r.planned]
-    spot_wall = sum(r.wall_s for r in spot if r.iteration in explored)
-    vanilla_wall = sum(r.wall_s for r in vanilla if r.iteration in explored)
+    explored = [i for i, r in enumerate(spot) if r.planned]
+    spot_wall = sum(spot[i].wall_s for i in explored)
+    vanilla_wall = sum(vanilla[i].wall_s for i in explored)
     timeline = Path(json_path).with_suffix(".timeline.png") if json_path else \
         root / "timeline.png"
     plot_timeline(spot_tasks, timeline, title="bench overhead: spotlight mode")
@@ -90,8 +106,9 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
     inprocess_s = sum(inprocess)
     return {
         "bench": "overhead", "config": cfg.source, "iterations": iterations,
+        "rounds": len(inprocess) // iterations,
         "inprocess_s": inprocess_s, "dask_s": dask_s, "overhead_ratio": dask_s / inprocess_s,
-        "exploration_overlap": overlap_fraction(spot_tasks, inner="explore", outer="train"),
+        "exploration_overlap": overlap_fraction(all_tasks, inner="explore", outer="train"),
         "critical_path_ratio": spot_wall / vanilla_wall if vanilla_wall else None,
         "spotlight_iteration_s": [r.wall_s for r in spot],
         "vanilla_iteration_s": [r.wall_s for r in vanilla],
