@@ -82,6 +82,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = {"quick": args.quick, "task": args.task, "config": args.config, "json_path": args.json}
     if args.time_budget is not None:
         options["time_budget_s"] = args.time_budget
+    if args.target is not None:
+        options["target"] = args.target
     result = BENCHES[args.name](**options)
     print(write_result(result, args.json))
     return 0
@@ -154,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="ocr", help="task family: ocr or geneval")
     p.add_argument("--config", default=None, help="config YAML (default: the task's)")
     p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
+    p.add_argument("--target", type=float, default=None,
+                   help="convergence: target validation reward (default: base + 0.05)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("audit", help="print a run's per-iteration audit table from its store; "

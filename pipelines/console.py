@@ -14,8 +14,12 @@ def iteration_line(result: Any) -> str:
     if result.filled:
         explore += f" (+{result.filled} random)"
     resumed = f" resumed[{','.join(result.resumed_stages)}]" if result.resumed_stages else ""
+    tau = getattr(result, "kendall_tau", None)
+    fidelity = f"  tau {tau:+.2f}" if tau is not None else ""
+    if getattr(result, "fidelity_state", "trusting") == "fallback":
+        fidelity += " FALLBACK (stale ranking untrusted)"
     return (f"iter {result.iteration:4d}  val {val}  reward {result.reward_mean:.3f}  "
-            f"group std {result.group_reward_std:.3f}  explore {explore}  "
+            f"group std {result.group_reward_std:.3f}  explore {explore}{fidelity}  "
             f"{result.wall_s:5.1f}s  cost ${result.cost_total_usd:.4f}{resumed}")
 
 
@@ -31,6 +35,9 @@ class ConsoleProgress:
     def __call__(self, kind: str, info: dict) -> None:
         if kind == "stage_start":
             self._stage(info["iteration"], info["stage"])
+        elif kind == "fidelity":
+            self._close()
+            print(f"rank fidelity: {info['decision'].reason}", file=self.stream, flush=True)
         elif kind == "iteration_done":
             self._close()
             print(iteration_line(info["result"]), flush=True)

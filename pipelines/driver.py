@@ -24,6 +24,9 @@ from pipelines.cluster import GPU, SPOT, ClusterHandle
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration.fidelity import RankFidelityMonitor, audit_due, audit_subset, \
+    grouped_kendall_tau
+from spotlight.exploration.planner import ExplorationPlanner, Plan
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from storage import RunStore
@@ -52,6 +55,14 @@ class IterationResult:
     cost_usd: float
     cost_total_usd: float
     resumed_stages: list[str] = field(default_factory=list)
+    kendall_tau: float | None = None       # stale exploration vs this rollout, selected seeds
+    audit_tau: float | None = None         # stale vs fresh scores of a random candidate subset
+    fidelity_state: str = "trusting"       # or "fallback" (selection of the next iteration)
+    plan_candidates: int | None = None     # the planner's N for the next iteration
+    plan_steps: int | None = None          # ... and M
+    plan_predicted_s: float | None = None
+    plan_budget_s: float | None = None
+    plan_overrun: bool | None = None       # exploration ran past the training window
 
     @property
     def wall_s(self) -> float:
@@ -77,6 +88,7 @@ class Driver:
         self.on_event = on_event or (lambda kind, info: None)
         self.prices = _prices(config)
         self.ledger = self._restored_ledger()
+        self.planner, self.monitor = self._restored_planning()
         self._attempt = uuid.uuid4().hex[:6]
         self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
@@ -101,6 +113,17 @@ class Driver:
                                            workers=[address], allow_other_workers=False,
                                            pure=False, key=f"warm-up-{self._attempt}-{i}")
                 for i, address in enumerate(workers)]
+
+    def _restored_planning(self) -> tuple[ExplorationPlanner, RankFidelityMonitor]:
+        """Planner and fidelity monitor as the last recorded iteration left them."""
+        k, last = 0, None
+        while (record := self._done(k, "iteration")) is not None:
+            last, k = record, k + 1
+        if last is None or "planner" not in last:
+            return (ExplorationPlanner(self.config.planner),
+                    RankFidelityMonitor(self.config.fidelity))
+        return (ExplorationPlanner.from_dict(self.config.planner, last["planner"]),
+                RankFidelityMonitor.from_dict(self.config.fidelity, last["monitor"]))
 
     # --- helpers --------------------------------------------------------------------------------
     def _submit(self, fn, *args, resource: str, name: str, **kwargs):
@@ -137,23 +160,30 @@ class Driver:
                                  self.config.grpo.prompts_per_iteration, self.config.seed)
 
     # --- exploration ----------------------------------------------------------------------------
-    def submit_exploration(self, iteration: int, version: int, resource: str) -> list:
-        """Explore every prompt of ``iteration`` with weights ``version`` (one future per request)."""
+    def submit_exploration(self, iteration: int, version: int, resource: str,
+                           candidates: int | None = None, steps: int | None = None,
+                           prompts_explored: int | None = None) -> list:
+        """Explore the (first ``prompts_explored``) prompts of ``iteration`` with weights
+        ``version``, one future per request."""
         cfg, explore = self.config, self.config.exploration
+        candidates = candidates or explore.candidates
         prompts = self.prompts(iteration)
-        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), explore.candidates)
+        if prompts_explored is not None:
+            prompts = prompts[:prompts_explored]
+        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
         stage = "explore" if resource == SPOT else "explore-sync"
         futures = []
         for p, prompt in enumerate(prompts):
-            for chunk, lo in enumerate(range(0, explore.candidates, explore.request_batch)):
+            for chunk, lo in enumerate(range(0, candidates, explore.request_batch)):
                 futures.append(self._submit(
                     tasks.explore_task, cfg, self.store, iteration, p, prompt,
-                    seeds[p, lo:lo + explore.request_batch], chunk, version, stage,
+                    seeds[p, lo:lo + explore.request_batch], chunk, version, stage, steps,
                     resource=resource, name=stage))
         return futures
 
-    def finish_exploration(self, iteration: int, futures: list, stage: str) -> Selection:
-        """Collect finished exploration requests, select seeds for ``iteration``, record both."""
+    def finish_exploration(self, iteration: int, futures: list, stage: str,
+                           planned: int | None = None, select: bool = True) -> Selection | None:
+        """Collect finished exploration requests and record them; select seeds for ``iteration``."""
         from distributed import Future
 
         failed = [f for f in futures if isinstance(f, Future) and f.status == "error"]
@@ -164,43 +194,167 @@ class Driver:
         pending = [f for f in futures if f.status != "finished"]
         if pending:
             self.cluster.client.cancel(pending)
-        cfg, grpo = self.config, self.config.grpo
         prompts = self.prompts(iteration)
         per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
         for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
             per_prompt[out["prompt_index"]][0].extend(out["seeds"].tolist())
             per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
-        fresh = random_seeds(cfg.seed, iteration, len(prompts), grpo.group_size)
-        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
-                                 grpo.group_size, fresh)
         self.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
             "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
             "tasks": [o["record"] for o in finished]})
-        planned = len(prompts) * cfg.exploration.candidates
-        self._mark(iteration, stage, {"explored": int(selection.explored.sum()), "planned": planned,
+        explored = sum(len(s) for s, _ in per_prompt)
+        planned = planned if planned is not None else len(prompts) * self.config.exploration.candidates
+        self._mark(iteration, stage, {"explored": explored, "planned": planned,
                                       "requests_finished": len(finished),
                                       "requests_cancelled": len(pending)})
-        self._mark(iteration, "selection", {"source": stage, "selection": selection.to_record()})
+        if not select:
+            return None
+        return self._select(iteration, per_prompt, stage)
+
+    def _select(self, iteration: int, per_prompt: list[tuple[list, list]], source: str) -> Selection:
+        grpo = self.config.grpo
+        fresh = random_seeds(self.config.seed, iteration, len(per_prompt), grpo.group_size)
+        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
+                                 grpo.group_size, fresh)
+        self._mark(iteration, "selection", {"source": source, "selection": selection.to_record()})
         return selection
 
+    def _stale_candidates(self, iteration: int) -> dict | None:
+        if self._done(iteration, "explore") is None:
+            return None
+        return self.store.get_json(tasks.stage_name(iteration, "explore"), "candidates")
+
     def seeds_for(self, iteration: int) -> Selection:
-        """The seeds of ``iteration``: recorded, explored synchronously now, or random."""
+        """The seeds of ``iteration``: recorded, explored synchronously now, or random.
+
+        In spotlight mode with the fidelity monitor in fallback, the stale candidates are kept
+        for measuring τ but the seeds come from the fallback (fresh exploration or random).
+        """
         record = self._done(iteration, "selection")
         if record is not None:
             return Selection.from_record(record["selection"])
         grpo, cfg = self.config.grpo, self.config
-        if self.mode == "sync":
+        fallback = self.mode == "spotlight" and self.monitor.state == "fallback"
+        if self.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
             self._emit("stage_start", iteration=iteration, stage="explore-sync")
-            futures = self.submit_exploration(iteration, iteration, GPU)
+            candidates = cfg.exploration.candidates
+            futures = self.submit_exploration(iteration, iteration, GPU, candidates)
             from distributed import wait
 
             wait(futures)
-            return self.finish_exploration(iteration, futures, "explore-sync")
+            return self.finish_exploration(iteration, futures, "explore-sync",
+                                           planned=len(self.prompts(iteration)) * candidates)
+        stale = self._stale_candidates(iteration) if self.mode == "spotlight" else None
+        if stale is not None and not fallback:   # explored, not yet selected (a resumed driver)
+            return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
+        if fallback:   # random fallback: the first G candidates are random seeds too
+            if stale is not None:
+                per_prompt = [(s[:grpo.group_size], r[:grpo.group_size])
+                              for s, r in zip(stale["seeds"], stale["rewards"])]
+                return self._select(iteration, per_prompt, "fallback-random")
         seeds = random_seeds(cfg.seed, iteration, grpo.prompts_per_iteration, grpo.group_size)
         selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
                               np.full(seeds.shape, np.nan))
         self._mark(iteration, "selection", {"source": "random", "selection": selection.to_record()})
         return selection
+
+    # --- planning and rank fidelity -------------------------------------------------------------
+    def plan_exploration(self, iteration: int) -> Plan:
+        """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
+        record = self._done(iteration, "plan")
+        if record is not None:
+            return Plan(**record["plan"])
+        cfg = self.config
+        rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
+        if not cfg.planner.enabled:
+            plan = Plan(iteration, cfg.exploration.candidates, rollout_steps,
+                        len(self.prompts(iteration)), None, None, None, "fixed: planner off")
+            self.planner.events.append({"kind": "plan", **asdict(plan)})
+            self._mark(iteration, "plan", {"plan": asdict(plan)})
+            return plan
+        slots = len(self.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
+        plan = self.planner.plan(iteration, len(self.prompts(iteration)), cfg.grpo.group_size,
+                                 slots, self._train_history(iteration - 1),
+                                 self._seconds_per_sample_step(iteration - 1), rollout_steps)
+        self._mark(iteration, "plan", {"plan": asdict(plan)})
+        self._emit("plan", iteration=iteration, plan=plan)
+        return plan
+
+    def _train_history(self, before: int) -> list[float]:
+        out = []
+        for k in range(max(0, before - self.config.planner.train_time_window), before):
+            record = self._done(k, "train")
+            if record and record.get("task"):
+                out.append(record["task"]["end"] - record["task"]["start"])
+        return out
+
+    def _seconds_per_sample_step(self, before: int) -> float | None:
+        """Measured spot-seconds per sample per denoising step, from the newest exploration."""
+        for k in range(before, max(0, before - 5), -1):
+            stale = self._stale_candidates(k)
+            if stale and stale["tasks"]:
+                work = sum(t.get("samples", 0) * t.get("steps", 0) for t in stale["tasks"])
+                busy = sum(t["end"] - t["start"] for t in stale["tasks"])
+                if work:
+                    return busy / work
+        return None
+
+    def rank_fidelity(self, k: int, selection: Selection, rewards: np.ndarray) -> float | None:
+        """Kendall τ between the stale exploration rewards (θ_k-1) of the seeds iteration k
+        rolled out and their rollout rewards (θ_k), within each prompt; None without data."""
+        stale = self._stale_candidates(k)
+        if stale is None:
+            return None
+        xs, ys = [], []
+        for p, row in enumerate(selection.seeds):
+            scored = dict(zip(stale["seeds"][p], stale["rewards"][p]))
+            pairs = [(scored[int(s)], rewards[p, g]) for g, s in enumerate(row) if int(s) in scored]
+            if len(pairs) >= 2:
+                xs.append([a for a, _ in pairs])
+                ys.append([b for _, b in pairs])
+        tau = grouped_kendall_tau(xs, ys) if xs else float("nan")
+        return None if np.isnan(tau) else float(tau)
+
+    def submit_audit(self, k: int) -> list:
+        """Re-score a random subset of iteration k's stale candidates with fresh weights θ_k."""
+        stale = self._stale_candidates(k)
+        fidelity = self.config.fidelity
+        if stale is None or not audit_due(k, fidelity.audit_every):
+            return []
+        explored = [p for p, seeds in enumerate(stale["seeds"]) if len(seeds) >= 2]
+        if not explored:
+            return []
+        least = min(len(stale["seeds"][p]) for p in explored)
+        picks = audit_subset(self.config.seed, k, len(explored), least, fidelity.audit_candidates)
+        by_prompt: dict[int, list[int]] = {}
+        for i, c in picks:
+            by_prompt.setdefault(explored[i], []).append(c)
+        prompts = self.prompts(k)
+        return [self._submit(tasks.explore_task, self.config, self.store, k, p, prompts[p],
+                             np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
+                             "audit", resource=SPOT, name="audit")
+                for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
+
+    def finish_audit(self, k: int, futures: list) -> float | None:
+        if not futures:
+            return None
+        from distributed import wait
+
+        wait(futures)
+        outs = self.cluster.client.gather(futures)
+        stale = self._stale_candidates(k)
+        xs, ys = [], []
+        for out in outs:
+            scored = dict(zip(stale["seeds"][out["prompt_index"]], stale["rewards"][out["prompt_index"]]))
+            xs.append([scored[int(s)] for s in out["seeds"]])
+            ys.append(out["rewards"].tolist())
+        tau = grouped_kendall_tau(xs, ys)
+        self.store.put_json(tasks.stage_name(k, "audit"), "audit", {
+            "seeds": [o["seeds"].tolist() for o in outs], "prompt_index": [o["prompt_index"] for o in outs],
+            "stale": xs, "fresh": ys, "kendall_tau": None if np.isnan(tau) else tau,
+            "tasks": [o["record"] for o in outs]})
+        self._mark(k, "audit", {"kendall_tau": None if np.isnan(tau) else tau})
+        return None if np.isnan(tau) else float(tau)
 
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
@@ -216,6 +370,9 @@ class Driver:
         selection = self.seeds_for(k)
         seeds = selection.seeds
         records: list[dict] = []
+        spotlight = self.mode == "spotlight"
+        # The spot workers are idle while the rollout runs: audit the stale ranking then.
+        audit = self.submit_audit(k) if spotlight and not self._done(k, "audit") else []
 
         self._emit("stage_start", iteration=k, stage="rollout")
         if self._done(k, "rollout"):
@@ -238,9 +395,21 @@ class Driver:
         adv = self._submit(tasks.advantages_task, cfg, k, rewards, k, resource=GPU,
                            name="advantages").result()
         records.append(adv["record"])
+        tau = self.rank_fidelity(k, selection, rewards) if spotlight else None
+        decision = self.monitor.observe(k, np.nan if tau is None else tau) if spotlight else None
+        if decision is not None and decision.changed:
+            self._emit("fidelity", iteration=k, decision=decision)
+        if spotlight:
+            self._record_plan_outcome(k, adv)
         explore_futures: list = []
-        if explore_next and self.mode == "spotlight" and not self._done(k + 1, "selection"):
-            explore_futures = self.submit_exploration(k + 1, k, SPOT)
+        plan = None
+        if explore_next and spotlight and not self._done(k + 1, "explore"):
+            plan = self.plan_exploration(k + 1)
+            if plan.candidates:
+                explore_futures = self.submit_exploration(k + 1, k, SPOT, plan.candidates,
+                                                          plan.steps, plan.prompts)
+        elif explore_next and spotlight:
+            plan = self.plan_exploration(k + 1)
         if self._done(k, "train"):
             train_info = self._done(k, "train")["stats"]
         else:
@@ -263,16 +432,27 @@ class Driver:
 
                 wait(explore_futures)
             self._emit("stage_start", iteration=k, stage="select")
-            nxt = self.finish_exploration(k + 1, explore_futures, "explore")
-            explored, filled = int(nxt.explored.sum()), int(nxt.filled.sum())
-            planned = len(nxt.seeds) * cfg.exploration.candidates
-            records += self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")["tasks"]
+            planned = plan.prompts * plan.candidates
+            nxt = self.finish_exploration(k + 1, explore_futures, "explore", planned=planned,
+                                          select=self.monitor.state != "fallback")
+            found = self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")
+            explored = sum(len(row) for row in found["seeds"])
+            filled = int(nxt.filled.sum()) if nxt is not None else 0
+            records += found["tasks"]
+        audit_tau = self.finish_audit(k, audit) if audit else \
+            (self._done(k, "audit") or {}).get("kendall_tau")
+        if audit:
+            records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
+        overrun = None
+        if plan is not None and plan.budget_s is not None and explore_futures:
+            ends = [t["end"] for t in records if t["stage"] == "explore"]
+            overrun = bool(ends) and max(ends) > train_end
 
         val_reward = None
         if validate:
             val_reward = self.validate(k + 1, records)
 
-        self._append_rewards(k, prompts, selection, rewards, adv)
+        self._append_rewards(k, prompts, selection, rewards, adv, tau, audit_tau)
         self._track_workers()
         end = time.time()
         cost = self.ledger.cost(start, end, self.prices)
@@ -284,12 +464,30 @@ class Driver:
             clip_fraction=float(train_info["clip_fraction"]), val_reward=val_reward,
             explored=explored, planned=planned, filled=filled, start=start, end=end,
             cost_usd=cost["total"], cost_total_usd=self.ledger.total(end, self.prices)["total"],
-            resumed_stages=resumed)
+            resumed_stages=resumed, kendall_tau=tau, audit_tau=audit_tau,
+            fidelity_state=self.monitor.state,
+            plan_candidates=plan.candidates if plan else None, plan_steps=plan.steps if plan else None,
+            plan_predicted_s=plan.predicted_s if plan else None,
+            plan_budget_s=plan.budget_s if plan else None, plan_overrun=overrun)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": records, "train_end": train_end})
-        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
+        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict(),
+                                    "planner": self.planner.to_dict(),
+                                    "monitor": self.monitor.to_dict()})
         self._emit("iteration_done", iteration=k, result=result)
         return result
+
+    def _record_plan_outcome(self, k: int, adv: dict) -> None:
+        """Pay the planner for the plan that explored iteration k: the spread GRPO saw."""
+        record, stale = self._done(k, "plan"), self._stale_candidates(k)
+        if record is None or stale is None or not stale["tasks"]:
+            return
+        group = self.config.grpo.group_size
+        random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
+                                   or [0.0]))
+        actual = sum(t["end"] - t["start"] for t in stale["tasks"])
+        self.planner.record(Plan(**record["plan"]), actual, float(np.mean(adv["group_std"])),
+                            random_std)
 
     def validate(self, version: int, records: list | None = None) -> float:
         """Validate θ_version on the held-out prompts (recorded; never recomputed)."""
@@ -309,19 +507,29 @@ class Driver:
         return float(out["mean_reward"])
 
     def _append_rewards(self, k: int, prompts: list[Prompt], selection: Selection,
-                        rewards: np.ndarray, adv: dict) -> None:
+                        rewards: np.ndarray, adv: dict, tau: float | None,
+                        audit_tau: float | None) -> None:
         """One table row per scored sample of iteration k: its rollout and the explored candidates."""
         cols: dict[str, list] = {"prompt": [], "seed": [], "stage": [], "reward": [],
-                                 "weights_version": [], "advantage": [], "selected": []}
+                                 "weights_version": [], "advantage": [], "selected": [],
+                                 "kendall_tau": []}
+        nan = float("nan")
 
-        def add(prompt, seed, stage, reward, version, advantage, selected):
-            for key, value in zip(cols, (prompt, seed, stage, reward, version, advantage, selected)):
+        def add(prompt, seed, stage, reward, version, advantage, selected, tau=nan):
+            for key, value in zip(cols, (prompt, seed, stage, reward, version, advantage, selected,
+                                         tau)):
                 cols[key].append(value)
 
         for p, prompt in enumerate(prompts):
             for g, seed in enumerate(selection.seeds[p]):
                 add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
-                    float(adv["values"][p, g]), 1.0)
+                    float(adv["values"][p, g]), 1.0, nan if tau is None else tau)
+        if self._done(k, "audit"):
+            audit = self.store.get_json(tasks.stage_name(k, "audit"), "audit")
+            for p, seeds, fresh in zip(audit["prompt_index"], audit["seeds"], audit["fresh"]):
+                for seed, reward in zip(seeds, fresh):
+                    add(prompts[p].text, int(seed), "audit", float(reward), k, nan, nan,
+                        nan if audit_tau is None else audit_tau)
         for stage in ("explore", "explore-sync"):
             if self._done(k, stage):
                 found = self.store.get_json(tasks.stage_name(k, stage), "candidates")

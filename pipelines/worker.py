@@ -288,7 +288,7 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
 
 def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_index: int,
                  prompt: Prompt, seeds: np.ndarray, chunk: int, version: int,
-                 stage: str = "explore") -> dict:
+                 stage: str = "explore", steps: int | None = None) -> dict:
     """Score candidate seeds of one prompt by replaying the rollout's SDE sampler at ``version``.
 
     ``iteration`` is the iteration the seeds are for; with stale weights ``version`` is
@@ -296,7 +296,7 @@ def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_inde
     """
     start = time.time()
     ctx = context(config, store)
-    steps = config.exploration.steps or config.sampler.num_steps
+    steps = steps or config.exploration.steps or config.sampler.num_steps
     with ctx.lock:
         policy = ctx.policy_at(version)
         policy.eval()
@@ -310,7 +310,7 @@ def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_inde
     return {"prompt_index": prompt_index, "chunk": chunk, "seeds": np.asarray(seeds),
             "rewards": rewards,
             "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
-                                  chunk=chunk)}
+                                  chunk=chunk, samples=len(seeds), steps=steps)}
 
 
 def validation_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],

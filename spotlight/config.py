@@ -189,6 +189,51 @@ class ExplorationConfig(Validated):
 
 
 @dataclass(kw_only=True)
+class PlannerConfig(Validated):
+    """The exploration planner: a bandit over (N candidates, M steps) under the training time."""
+
+    enabled: bool = spec(True, "Plan N and M per iteration; false explores exploration.candidates "
+                               "with the rollout's steps every iteration.")
+    candidates: list = spec([8, 16, 32], "The N arms: candidate seeds per prompt.")
+    steps: list = spec([0], "The M arms: replay steps (0 = the rollout's steps).")
+    gamma: float = spec(0.3, "UCB bonus weight: larger tries settings more, smaller exploits.",
+                        range=(0.0, 10.0))
+    budget_fraction: float = spec(0.9, "Share of the predicted training time a plan may fill.",
+                                  range=(0.05, 1.0))
+    train_time_window: int = spec(5, "Iterations averaged to predict training time.",
+                                  range=(1, 1000))
+
+    def validate(self) -> None:
+        for name, low in (("candidates", 1), ("steps", 0)):
+            values = getattr(self, name)
+            if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < low
+                                 for v in values):
+                raise ConfigError(f"PlannerConfig.{name} = {values!r} must be a non-empty list of "
+                                  f"integers >= {low}, e.g. [8, 16, 32]")
+
+
+@dataclass(kw_only=True)
+class FidelityConfig(Validated):
+    """Rank fidelity of stale exploration: Kendall τ every iteration, audits, fallback."""
+
+    floor: float = spec(0.3, "Rolling τ below this falls back.", range=(-1.0, 1.0))
+    recover_margin: float = spec(0.05, "Return when the rolling τ reaches floor + margin.",
+                                 range=(0.0, 1.0))
+    window: int = spec(5, "Iterations in the rolling τ.", range=(1, 1000))
+    min_iterations: int = spec(3, "Measured iterations before any decision.", range=(1, 1000))
+    fallback: str = spec("sync", "While τ is low: 'sync' (explore with fresh weights on gpu "
+                                 "workers) or 'random' seeds.", choices=("sync", "random"))
+    audit_every: int = spec(5, "Re-score a random candidate subset with fresh weights every R "
+                               "iterations (0 = never).", range=(0, 10**6))
+    audit_candidates: int = spec(16, "Candidates per audit.", range=(2, 4096))
+
+    def validate(self) -> None:
+        if self.min_iterations > self.window:
+            raise ConfigError(f"FidelityConfig.min_iterations = {self.min_iterations} must not "
+                              f"exceed FidelityConfig.window = {self.window}")
+
+
+@dataclass(kw_only=True)
 class ClusterConfig(Validated):
     """Where tasks run: an embedded local cluster, or an existing scheduler."""
 
@@ -247,6 +292,8 @@ class RunConfig(Validated):
     store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
     stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})

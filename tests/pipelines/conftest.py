@@ -18,6 +18,7 @@ TINY_RUN = {
     "sampler": {"num_steps": 3},
     "validation": {"max_prompts": 4, "every": 1},
     "exploration": {"candidates": 6, "request_batch": 3, "deadline": False},
+    "planner": {"enabled": False},   # exploration settings fixed: runs compare bit for bit
     "cluster": {"dashboard": False, "worker_wait_s": 20},
 }
 

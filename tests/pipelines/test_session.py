@@ -13,6 +13,8 @@ import pytest
 import torch
 import xarray as xr
 
+from spotlight.exploration.fidelity import grouped_kendall_tau
+
 from pipelines.cluster import ClusterError
 from pipelines.session import Session
 from spotlight.config import ConfigError, load_config
@@ -39,7 +41,7 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
     stages = {r["stage"] for r in records}
     assert {"rollout", "reward", "advantages", "train", "checkpoint", "validation", "explore"} <= stages
     for r in records:
-        expected = "spot-" if r["stage"] == "explore" else "gpu-"
+        expected = "spot-" if r["stage"] in ("explore", "audit") else "gpu-"
         assert r["worker"].startswith(expected), r
         assert r["end"] >= r["start"]
     explores = [r for r in records if r["stage"] == "explore"]
@@ -55,6 +57,60 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
         assert set(row) <= set(seeds) and len(seeds) == tiny_run_config.exploration.candidates
     table = xr.open_zarr(store.url + "/rewards.zarr")
     assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
+
+
+def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml, tmp_path):
+    """Plans are recorded; τ is measured wherever stale rewards meet a rollout; a low τ sends the
+    next iteration to fresh (sync) exploration on gpu workers, and audits run on spot."""
+    # The planner's budget logic is tested on a simulated clock (tests/exploration); a tiny
+    # model trains in milliseconds, so here N is fixed and every iteration explores.
+    overrides = {"planner.enabled": False, "fidelity.floor": 1.0, "fidelity.recover_margin": 0.0,
+                 "fidelity.window": 1, "fidelity.min_iterations": 1, "fidelity.audit_every": 2,
+                 "fidelity.audit_candidates": 4}
+    with Session.from_config(tiny_run_yaml, store=str(tmp_path / "run"),
+                             overrides=overrides) as session:
+        history = session.run(4)
+        store = session.store
+        records = task_records(store, 4)
+    for k in range(1, 4):
+        plan = store.stage_record(f"iter-{k}/plan")["info"]["plan"]
+        assert (plan["candidates"], plan["prompts"]) == (6, 2) and "fixed" in plan["reason"]
+    taus = history["kendall_tau"]
+    assert taus.iloc[0] is None or np.isnan(taus.iloc[0])   # iteration 0 had no exploration
+    for k in range(3):
+        source = store.stage_record(f"iter-{k + 1}/selection")["info"]["source"]
+        # floor 1.0: every tau below 1 falls back for the next iteration, and only then.
+        fell_back = history["fidelity_state"].iloc[k] == "fallback"
+        assert (source == "explore-sync") == fell_back, (k, source, history.iloc[k].to_dict())
+        if source == "explore-sync":
+            assert any(r["stage"] == "explore-sync" and r["iteration"] == k + 1 and
+                       r["worker"].startswith("gpu-") for r in records)
+    for k in range(1, 4):   # τ from the stored rewards, as an independent oracle
+        if store.stage_record(f"iter-{k}/explore") is None:   # the plan skipped exploring
+            assert taus.iloc[k] is None or np.isnan(taus.iloc[k])
+            continue
+        stale = store.get_json(f"iter-{k}/explore", "candidates")
+        seeds = store.stage_record(f"iter-{k}/selection")["info"]["selection"]["seeds"]
+        rollout = store.get_arrays(f"iter-{k}/reward", "reward")["rewards"]
+        xs, ys = [], []
+        for p, row in enumerate(seeds):
+            scored = dict(zip(stale["seeds"][p], stale["rewards"][p]))
+            xs.append([scored[s] for s in row if s in scored])
+            ys.append([rollout[p, g] for g, s in enumerate(row) if s in scored])
+        expected = grouped_kendall_tau(xs, ys)
+        got = taus.iloc[k]
+        if np.isnan(expected):   # constant rewards (a tiny model): τ undefined, not invented
+            assert got is None or np.isnan(got)
+        else:
+            assert got == pytest.approx(expected)
+    audits = [r for r in records if r["stage"] == "audit"]
+    assert audits and all(r["worker"].startswith("spot-") and r["weights_version"] == r["iteration"]
+                          for r in audits)
+    table = xr.open_zarr(store.url + "/rewards.zarr")
+    measured = taus.dropna()
+    assert "kendall_tau" in table
+    assert np.isfinite(table["kendall_tau"].values).any() == (len(measured) > 0 or
+                                                             history["audit_tau"].notna().any())
 
 
 def _spotlight_cmd(*args: str) -> list[str]:

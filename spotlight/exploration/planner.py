@@ -1,0 +1,151 @@
+"""The exploration planner: how many candidates (N) over how many steps (M) fit in training time.
+
+A UCB bandit over the (N, M) settings. The budget is the predicted training time of the
+current iteration (the mean of the last few measured) times ``budget_fraction``: exploration
+runs on spot slots while training runs, so a plan whose predicted wall time (spot-seconds over
+slots) exceeds it would make the iteration wait or throw work away. The payoff of a setting is
+what GRPO actually gets from it — the reward spread of the selected groups at rollout over the
+spread of random seeds, minus one — per spot-second spent.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from spotlight.config import PlannerConfig
+
+
+def predict_train_seconds(history: list[float], window: int) -> float | None:
+    """Mean of the last ``window`` measured training times; None before any was measured."""
+    recent = [h for h in history[-window:] if h > 0]
+    return sum(recent) / len(recent) if recent else None
+
+
+def plan_cost(prompts: int, candidates: int, steps: int, sec_per_sample_step: float) -> float:
+    """Spot-seconds to explore ``candidates`` seeds of each prompt over ``steps`` steps."""
+    return prompts * candidates * steps * sec_per_sample_step
+
+
+def spread_gain(selected_std: float, random_std: float) -> float:
+    """How much more spread the selected groups had than random ones (1 = no gain)."""
+    return selected_std / random_std if random_std > 1e-9 else 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    iteration: int
+    candidates: int             # N per prompt; 0 = no exploration this iteration
+    steps: int                  # M denoising steps per replay
+    prompts: int                # prompts explored (the first ones); the others get random seeds
+    predicted_s: float | None   # predicted wall seconds on the available spot slots
+    budget_s: float | None
+    arm: int | None
+    reason: str
+
+
+class ExplorationPlanner:
+    """UCB over (N, M) arms restricted to those that fit the budget; deterministic."""
+
+    def __init__(self, config: PlannerConfig) -> None:
+        self.config = config
+        self.arms = sorted({(n, m) for n in config.candidates for m in config.steps})
+        self.pulls = [0] * len(self.arms)
+        self.payoff_sum = [0.0] * len(self.arms)
+        self.best_raw = 0.0      # running max of raw payoffs: payoffs are normalised by it so
+                                 # gamma's bonus is on the same scale whatever the hardware
+        self.events: list[dict] = []
+
+    def _steps(self, arm: int, rollout_steps: int) -> int:
+        return self.arms[arm][1] or rollout_steps
+
+    def _mean(self, arm: int) -> float:
+        return self.payoff_sum[arm] / self.pulls[arm] / max(self.best_raw, 1e-12)
+
+    def plan(self, iteration: int, prompts: int, group_size: int, spot_slots: int,
+             train_history_s: list[float], sec_per_sample_step: float | None,
+             rollout_steps: int) -> Plan:
+        budget_train = predict_train_seconds(train_history_s, self.config.train_time_window)
+        budget = None if budget_train is None else budget_train * self.config.budget_fraction
+        cheapest = min(range(len(self.arms)),
+                       key=lambda a: (self.arms[a][0] * self._steps(a, rollout_steps), a))
+
+        def wall(n: int, m: int) -> float | None:
+            if sec_per_sample_step is None:
+                return None
+            return plan_cost(prompts, n, m, sec_per_sample_step) / spot_slots
+
+        if spot_slots <= 0:
+            plan = Plan(iteration, 0, rollout_steps, 0, None, budget, None,
+                        "no spot slots: exploration skipped, random seeds")
+        elif budget is None or sec_per_sample_step is None:
+            n, m = self.arms[cheapest][0], self._steps(cheapest, rollout_steps)
+            plan = Plan(iteration, n, m, prompts, wall(n, m), budget, cheapest,
+                        "cold start: cheapest setting until time is measured")
+        else:
+            fits = [a for a in range(len(self.arms))
+                    if wall(self.arms[a][0], self._steps(a, rollout_steps)) <= budget]
+            if fits:
+                arm = self._choose(fits)
+                n, m = self.arms[arm][0], self._steps(arm, rollout_steps)
+                plan = Plan(iteration, n, m, prompts, wall(n, m), budget, arm,
+                            "untried setting" if self.pulls[arm] == 0 else "ucb")
+            else:
+                plan = self._shrink(iteration, prompts, group_size, budget, wall,
+                                    min(self._steps(a, rollout_steps) for a in range(len(self.arms))))
+        self.events.append({"kind": "plan", **asdict(plan)})
+        return plan
+
+    def _choose(self, fits: list[int]) -> int:
+        untried = [a for a in fits if self.pulls[a] == 0]
+        if untried:   # cheapest untried first: arms are sorted by (N, M)
+            return untried[0]
+        total = sum(self.pulls[a] for a in fits)
+        scores = [self._mean(a) + self.config.gamma * math.sqrt(math.log(total + 1) / self.pulls[a])
+                  for a in fits]
+        return fits[max(range(len(fits)), key=lambda i: (scores[i], -i))]
+
+    def _shrink(self, iteration: int, prompts: int, group_size: int, budget: float, wall,
+                steps: int) -> Plan:
+        """No setting fits every prompt: G candidates on as many prompts as fit (the rest get
+        random seeds), or nothing when not even one prompt fits."""
+        per_prompt = wall(group_size, steps) / prompts
+        fit = int(budget // per_prompt) if per_prompt > 0 else prompts
+        if fit < 1:
+            return Plan(iteration, 0, steps, 0, None, budget, None,
+                        f"over budget: one prompt's {group_size} candidates x {steps} steps "
+                        f"exceed {budget:.2f} s; exploration skipped, random seeds")
+        fit = min(fit, prompts)
+        return Plan(iteration, group_size, steps, fit, per_prompt * fit, budget, None,
+                    f"over budget: {group_size} candidates on {fit} of {prompts} prompts")
+
+    def record(self, plan: Plan, actual_s: float, selected_std: float, random_std: float) -> None:
+        """Pay the plan's arm: the spread gained over random seeds per spot-second spent.
+
+        The gain counts from 1 (no better than random = no payoff), or every setting's payoff
+        would be dominated by its cost and the cheapest would always win.
+        """
+        raw = (spread_gain(selected_std, random_std) - 1.0) / max(actual_s, 1e-6)
+        self.events.append({"kind": "outcome", "iteration": plan.iteration, "arm": plan.arm,
+                            "predicted_s": plan.predicted_s, "actual_s": actual_s,
+                            "selected_std": selected_std, "random_std": random_std,
+                            "payoff": raw})
+        if plan.arm is None:
+            return
+        self.best_raw = max(self.best_raw, abs(raw))
+        self.pulls[plan.arm] += 1
+        self.payoff_sum[plan.arm] += raw
+
+    def to_dict(self) -> dict:
+        return {"arms": [list(a) for a in self.arms], "pulls": self.pulls,
+                "payoff_sum": self.payoff_sum, "best_raw": self.best_raw,
+                "events": self.events[-200:]}
+
+    @classmethod
+    def from_dict(cls, config: PlannerConfig, data: dict) -> "ExplorationPlanner":
+        planner = cls(config)
+        if [list(a) for a in planner.arms] != data["arms"]:
+            raise ValueError(f"the recorded planner arms {data['arms']} differ from the config's "
+                             f"{planner.arms}; resume with the run's own config")
+        planner.pulls, planner.payoff_sum = list(data["pulls"]), list(data["payoff_sum"])
+        planner.best_raw, planner.events = data["best_raw"], list(data["events"])
+        return planner

@@ -1,0 +1,96 @@
+"""The exploration planner on a simulated clock: never past its budget, converges, resumes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spotlight.config import ConfigError, PlannerConfig
+from spotlight.exploration.planner import ExplorationPlanner, plan_cost, predict_train_seconds
+
+PROMPTS, GROUP, ROLLOUT_STEPS = 16, 8, 10
+
+
+def _simulate(planner: ExplorationPlanner, iterations: int, seed: int, true_gain: dict,
+              slots=lambda rng: int(rng.integers(0, 4))) -> list:
+    """Training times drift, the step cost is noisy, spot slots come and go."""
+    rng = np.random.default_rng(seed)
+    train_history, plans = [], []
+    for k in range(iterations):
+        train_s = float(4.0 + 2.0 * np.sin(k / 15) + rng.normal(0, 0.3))
+        rate = float(0.003 * rng.uniform(0.8, 1.2))
+        plan = planner.plan(k, PROMPTS, GROUP, slots(rng), list(train_history), rate, ROLLOUT_STEPS)
+        plans.append(plan)
+        if plan.candidates and plan.arm is not None:
+            actual = plan_cost(plan.prompts, plan.candidates, plan.steps, rate)
+            gain = true_gain[plan.candidates] + rng.normal(0, 0.02)
+            planner.record(plan, actual, selected_std=0.2 * gain, random_std=0.2)
+        train_history.append(train_s)
+    return plans
+
+
+def test_never_plans_past_the_budget_on_a_simulated_clock():
+    planner = ExplorationPlanner(PlannerConfig(candidates=[8, 16, 32], steps=[0, 5]))
+    plans = _simulate(planner, 200, seed=1, true_gain={8: 1.1, 16: 1.3, 32: 1.4})
+    budgeted = [p for p in plans if p.budget_s is not None and p.candidates]
+    assert len(budgeted) > 100
+    for p in budgeted:
+        assert p.predicted_s <= p.budget_s + 1e-9
+        assert p.candidates >= GROUP and 1 <= p.prompts <= PROMPTS
+    assert all(p.candidates in (0,) or p.candidates >= GROUP for p in plans)
+
+
+def test_ucb_settles_on_the_best_affordable_setting():
+    # Every arm fits (cheap steps, generous training time); 16 candidates pays best per second.
+    planner = ExplorationPlanner(PlannerConfig(candidates=[8, 16, 32], steps=[0], gamma=0.1))
+    # Gain over random per spot-second: 8 -> 0.05/c, 16 -> 0.6/2c, 32 -> 0.7/4c: 16 wins.
+    gain = {8: 1.05, 16: 1.6, 32: 1.7}
+    plans = _simulate(planner, 150, seed=2, true_gain=gain, slots=lambda rng: 2)
+    late = [p.candidates for p in plans[-50:]]
+    assert late.count(16) >= 40
+
+
+def test_cold_start_no_slots_and_shrinking():
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0]))
+    cold = planner.plan(0, PROMPTS, GROUP, 1, [], None, ROLLOUT_STEPS)
+    assert (cold.candidates, cold.budget_s) == (16, None) and "cold start" in cold.reason
+    none = planner.plan(1, PROMPTS, GROUP, 0, [5.0], 0.003, ROLLOUT_STEPS)
+    assert none.candidates == 0 and "no spot slots" in none.reason
+    # 16 prompts x 8 x 10 steps x 0.01 s = 12.8 s > 0.9 x 5 s: G candidates on 5 prompts fit.
+    shrunk = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS)
+    assert (shrunk.candidates, shrunk.prompts) == (GROUP, 5) and "over budget" in shrunk.reason
+    assert shrunk.predicted_s <= shrunk.budget_s
+    hopeless = planner.plan(3, PROMPTS, GROUP, 1, [0.1], 0.01, ROLLOUT_STEPS)
+    assert hopeless.candidates == 0 and "skipped" in hopeless.reason
+
+
+def test_deterministic_and_resumable():
+    gain = {8: 1.1, 16: 1.3, 32: 1.4}
+    a = _simulate(ExplorationPlanner(PlannerConfig()), 60, seed=4, true_gain=gain)
+    b = _simulate(ExplorationPlanner(PlannerConfig()), 60, seed=4, true_gain=gain)
+    assert a == b
+    planner = ExplorationPlanner(PlannerConfig())
+    _simulate(planner, 30, seed=5, true_gain=gain)
+    copy = ExplorationPlanner.from_dict(planner.config, planner.to_dict())
+    args = (30, PROMPTS, GROUP, 2, [5.0, 5.5], 0.002, ROLLOUT_STEPS)
+    assert copy.plan(*args) == planner.plan(*args)
+    with pytest.raises(ValueError, match="arms"):
+        ExplorationPlanner.from_dict(PlannerConfig(candidates=[8]), planner.to_dict())
+
+
+def test_every_decision_and_outcome_is_an_event():
+    planner = ExplorationPlanner(PlannerConfig())
+    plan = planner.plan(0, PROMPTS, GROUP, 1, [], None, ROLLOUT_STEPS)
+    planner.record(plan, actual_s=2.0, selected_std=0.3, random_std=0.2)
+    kinds = [e["kind"] for e in planner.events]
+    assert kinds == ["plan", "outcome"]
+    assert planner.events[1]["actual_s"] == 2.0 and planner.events[1]["payoff"] == pytest.approx(0.25)
+
+
+def test_helpers_and_config_errors():
+    assert predict_train_seconds([], 5) is None
+    assert predict_train_seconds([1, 2, 3, 4], 2) == pytest.approx(3.5)
+    assert plan_cost(2, 8, 10, 0.01) == pytest.approx(1.6)
+    with pytest.raises(ConfigError, match="candidates"):
+        PlannerConfig(candidates=[])
+    with pytest.raises(ConfigError, match="budget_fraction"):
+        PlannerConfig(budget_fraction=2.0)
