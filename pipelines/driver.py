@@ -21,12 +21,12 @@ import numpy as np
 
 from pipelines import worker as tasks
 from pipelines.cluster import GPU, SPOT, ClusterHandle
+from pipelines.exploring import ExplorationBook
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection, select_seeds
-from spotlight.exploration.fidelity import RankFidelityMonitor, audit_due, audit_subset, \
-    grouped_kendall_tau
-from spotlight.exploration.planner import ExplorationPlanner, Plan
+from spotlight.exploration.fidelity import RankFidelityMonitor
+from spotlight.exploration.planner import ExplorationPlanner
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from storage import RunStore
@@ -77,7 +77,7 @@ def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int
     return random_seeds(run_seed + 7919, iteration, prompts, candidates)
 
 
-class Driver:
+class Driver(ExplorationBook):
     """Runs iterations of one run on one cluster; the state lives in the run store."""
 
     def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
@@ -258,104 +258,6 @@ class Driver:
         self._mark(iteration, "selection", {"source": "random", "selection": selection.to_record()})
         return selection
 
-    # --- planning and rank fidelity -------------------------------------------------------------
-    def plan_exploration(self, iteration: int) -> Plan:
-        """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
-        record = self._done(iteration, "plan")
-        if record is not None:
-            return Plan(**record["plan"])
-        cfg = self.config
-        rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
-        if not cfg.planner.enabled:
-            plan = Plan(iteration, cfg.exploration.candidates, rollout_steps,
-                        len(self.prompts(iteration)), None, None, None, "fixed: planner off")
-            self.planner.events.append({"kind": "plan", **asdict(plan)})
-            self._mark(iteration, "plan", {"plan": asdict(plan)})
-            return plan
-        slots = len(self.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
-        plan = self.planner.plan(iteration, len(self.prompts(iteration)), cfg.grpo.group_size,
-                                 slots, self._train_history(iteration - 1),
-                                 self._seconds_per_sample_step(iteration - 1), rollout_steps)
-        self._mark(iteration, "plan", {"plan": asdict(plan)})
-        self._emit("plan", iteration=iteration, plan=plan)
-        return plan
-
-    def _train_history(self, before: int) -> list[float]:
-        out = []
-        for k in range(max(0, before - self.config.planner.train_time_window), before):
-            record = self._done(k, "train")
-            if record and record.get("task"):
-                out.append(record["task"]["end"] - record["task"]["start"])
-        return out
-
-    def _seconds_per_sample_step(self, before: int) -> float | None:
-        """Measured spot-seconds per sample per denoising step, from the newest exploration."""
-        for k in range(before, max(0, before - 5), -1):
-            stale = self._stale_candidates(k)
-            if stale and stale["tasks"]:
-                work = sum(t.get("samples", 0) * t.get("steps", 0) for t in stale["tasks"])
-                busy = sum(t["end"] - t["start"] for t in stale["tasks"])
-                if work:
-                    return busy / work
-        return None
-
-    def rank_fidelity(self, k: int, selection: Selection, rewards: np.ndarray) -> float | None:
-        """Kendall τ between the stale exploration rewards (θ_k-1) of the seeds iteration k
-        rolled out and their rollout rewards (θ_k), within each prompt; None without data."""
-        stale = self._stale_candidates(k)
-        if stale is None:
-            return None
-        xs, ys = [], []
-        for p, row in enumerate(selection.seeds):
-            scored = dict(zip(stale["seeds"][p], stale["rewards"][p]))
-            pairs = [(scored[int(s)], rewards[p, g]) for g, s in enumerate(row) if int(s) in scored]
-            if len(pairs) >= 2:
-                xs.append([a for a, _ in pairs])
-                ys.append([b for _, b in pairs])
-        tau = grouped_kendall_tau(xs, ys) if xs else float("nan")
-        return None if np.isnan(tau) else float(tau)
-
-    def submit_audit(self, k: int) -> list:
-        """Re-score a random subset of iteration k's stale candidates with fresh weights θ_k."""
-        stale = self._stale_candidates(k)
-        fidelity = self.config.fidelity
-        if stale is None or not audit_due(k, fidelity.audit_every):
-            return []
-        explored = [p for p, seeds in enumerate(stale["seeds"]) if len(seeds) >= 2]
-        if not explored:
-            return []
-        least = min(len(stale["seeds"][p]) for p in explored)
-        picks = audit_subset(self.config.seed, k, len(explored), least, fidelity.audit_candidates)
-        by_prompt: dict[int, list[int]] = {}
-        for i, c in picks:
-            by_prompt.setdefault(explored[i], []).append(c)
-        prompts = self.prompts(k)
-        return [self._submit(tasks.explore_task, self.config, self.store, k, p, prompts[p],
-                             np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
-                             "audit", resource=SPOT, name="audit")
-                for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
-
-    def finish_audit(self, k: int, futures: list) -> float | None:
-        if not futures:
-            return None
-        from distributed import wait
-
-        wait(futures)
-        outs = self.cluster.client.gather(futures)
-        stale = self._stale_candidates(k)
-        xs, ys = [], []
-        for out in outs:
-            scored = dict(zip(stale["seeds"][out["prompt_index"]], stale["rewards"][out["prompt_index"]]))
-            xs.append([scored[int(s)] for s in out["seeds"]])
-            ys.append(out["rewards"].tolist())
-        tau = grouped_kendall_tau(xs, ys)
-        self.store.put_json(tasks.stage_name(k, "audit"), "audit", {
-            "seeds": [o["seeds"].tolist() for o in outs], "prompt_index": [o["prompt_index"] for o in outs],
-            "stale": xs, "fresh": ys, "kendall_tau": None if np.isnan(tau) else tau,
-            "tasks": [o["record"] for o in outs]})
-        self._mark(k, "audit", {"kendall_tau": None if np.isnan(tau) else tau})
-        return None if np.isnan(tau) else float(tau)
-
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
         """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
@@ -476,18 +378,6 @@ class Driver:
                                     "monitor": self.monitor.to_dict()})
         self._emit("iteration_done", iteration=k, result=result)
         return result
-
-    def _record_plan_outcome(self, k: int, adv: dict) -> None:
-        """Pay the planner for the plan that explored iteration k: the spread GRPO saw."""
-        record, stale = self._done(k, "plan"), self._stale_candidates(k)
-        if record is None or stale is None or not stale["tasks"]:
-            return
-        group = self.config.grpo.group_size
-        random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
-                                   or [0.0]))
-        actual = sum(t["end"] - t["start"] for t in stale["tasks"])
-        self.planner.record(Plan(**record["plan"]), actual, float(np.mean(adv["group_std"])),
-                            random_std)
 
     def validate(self, version: int, records: list | None = None) -> float:
         """Validate θ_version on the held-out prompts (recorded; never recomputed)."""
