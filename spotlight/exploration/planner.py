@@ -66,8 +66,10 @@ class ExplorationPlanner:
              rollout_steps: int) -> Plan:
         budget_train = predict_train_seconds(train_history_s, self.config.train_time_window)
         budget = None if budget_train is None else budget_train * self.config.budget_fraction
-        cheapest = min(range(len(self.arms)),
-                       key=lambda a: (self.arms[a][0] * self._steps(a, rollout_steps), a))
+        # N <= G keeps every candidate: no selection, so no gain over random seeds.
+        useful = [a for a in range(len(self.arms)) if self.arms[a][0] > group_size] or \
+            list(range(len(self.arms)))
+        cheapest = min(useful, key=lambda a: (self.arms[a][0] * self._steps(a, rollout_steps), a))
 
         def wall(n: int, m: int) -> float | None:
             if sec_per_sample_step is None:
@@ -82,7 +84,7 @@ class ExplorationPlanner:
             plan = Plan(iteration, n, m, prompts, wall(n, m), budget, cheapest,
                         "cold start: cheapest setting until time is measured")
         else:
-            fits = [a for a in range(len(self.arms))
+            fits = [a for a in useful
                     if wall(self.arms[a][0], self._steps(a, rollout_steps)) <= budget]
             if fits:
                 arm = self._choose(fits)
@@ -90,8 +92,8 @@ class ExplorationPlanner:
                 plan = Plan(iteration, n, m, prompts, wall(n, m), budget, arm,
                             "untried setting" if self.pulls[arm] == 0 else "ucb")
             else:
-                plan = self._shrink(iteration, prompts, group_size, budget, wall,
-                                    min(self._steps(a, rollout_steps) for a in range(len(self.arms))))
+                plan = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
+                                    min(self._steps(a, rollout_steps) for a in useful))
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
 
@@ -104,19 +106,19 @@ class ExplorationPlanner:
                   for a in fits]
         return fits[max(range(len(fits)), key=lambda i: (scores[i], -i))]
 
-    def _shrink(self, iteration: int, prompts: int, group_size: int, budget: float, wall,
+    def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:
-        """No setting fits every prompt: G candidates on as many prompts as fit (the rest get
-        random seeds), or nothing when not even one prompt fits."""
-        per_prompt = wall(group_size, steps) / prompts
+        """No setting fits every prompt: the smallest useful N on as many prompts as fit (the
+        rest get random seeds), or nothing when not even one prompt fits."""
+        per_prompt = wall(candidates, steps) / prompts
         fit = int(budget // per_prompt) if per_prompt > 0 else prompts
         if fit < 1:
             return Plan(iteration, 0, steps, 0, None, budget, None,
-                        f"over budget: one prompt's {group_size} candidates x {steps} steps "
+                        f"over budget: one prompt's {candidates} candidates x {steps} steps "
                         f"exceed {budget:.2f} s; exploration skipped, random seeds")
         fit = min(fit, prompts)
-        return Plan(iteration, group_size, steps, fit, per_prompt * fit, budget, None,
-                    f"over budget: {group_size} candidates on {fit} of {prompts} prompts")
+        return Plan(iteration, candidates, steps, fit, per_prompt * fit, budget, None,
+                    f"over budget: {candidates} candidates on {fit} of {prompts} prompts")
 
     def record(self, plan: Plan, actual_s: float, selected_std: float, random_std: float) -> None:
         """Pay the plan's arm: the spread gained over random seeds per spot-second spent.

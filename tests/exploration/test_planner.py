@@ -35,8 +35,8 @@ def test_never_plans_past_the_budget_on_a_simulated_clock():
     assert len(budgeted) > 100
     for p in budgeted:
         assert p.predicted_s <= p.budget_s + 1e-9
-        assert p.candidates >= GROUP and 1 <= p.prompts <= PROMPTS
-    assert all(p.candidates in (0,) or p.candidates >= GROUP for p in plans)
+        assert p.candidates > GROUP and 1 <= p.prompts <= PROMPTS
+    assert all(p.candidates == 0 or p.candidates > GROUP for p in plans)   # N = G selects nothing
 
 
 def test_ucb_settles_on_the_best_affordable_setting():
@@ -53,11 +53,15 @@ def test_cold_start_no_slots_and_shrinking():
     planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0]))
     cold = planner.plan(0, PROMPTS, GROUP, 1, [], None, ROLLOUT_STEPS)
     assert (cold.candidates, cold.budget_s) == (16, None) and "cold start" in cold.reason
+    small = ExplorationPlanner(PlannerConfig(candidates=[8, 16])).plan(0, PROMPTS, GROUP, 1, [],
+                                                                      None, ROLLOUT_STEPS)
+    assert small.candidates == 16   # 8 = G would keep every candidate
     none = planner.plan(1, PROMPTS, GROUP, 0, [5.0], 0.003, ROLLOUT_STEPS)
     assert none.candidates == 0 and "no spot slots" in none.reason
-    # 16 prompts x 8 x 10 steps x 0.01 s = 12.8 s > 0.9 x 5 s: G candidates on 5 prompts fit.
+    # 16 prompts x 16 x 10 steps x 0.01 s = 25.6 s > 0.9 x 5 s: 16 candidates on 2 prompts fit
+    # (N = G would keep every candidate and gain nothing, so the smallest useful N is kept).
     shrunk = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS)
-    assert (shrunk.candidates, shrunk.prompts) == (GROUP, 5) and "over budget" in shrunk.reason
+    assert (shrunk.candidates, shrunk.prompts) == (16, 2) and "over budget" in shrunk.reason
     assert shrunk.predicted_s <= shrunk.budget_s
     hopeless = planner.plan(3, PROMPTS, GROUP, 1, [0.1], 0.01, ROLLOUT_STEPS)
     assert hopeless.candidates == 0 and "skipped" in hopeless.reason
