@@ -1,0 +1,1 @@
+"""Request scheduling under spot preemption: pure state, no Dask."""

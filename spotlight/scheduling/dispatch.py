@@ -1,0 +1,338 @@
+"""Pull-based request dispatch under preemption, as a state machine: events in, actions out.
+
+Requests (exploration replays, audits) wait in one queue. A worker holds at most ``slots``
+requests and gets the next one only when a slot frees up, so a slow worker simply pulls fewer
+and a preemption strands at most the requests in flight. Nothing here knows Dask: the glue in
+``pipelines.dispatch`` turns scheduler observations into events and carries the actions out
+(``Assign`` -> submit one attempt pinned to that worker, ``Cancel`` -> cancel it).
+
+A request moves QUEUED -> RUNNING -> DONE (or CANCELLED when the stage closes). A worker lost
+while running it (hard kill) or one that hands it back at a step boundary after a notice
+(graceful) puts it back at the *front* of the queue: it holds committed steps and has waited
+longest. Every attempt has its own number, so a late answer from an earlier attempt is
+recognised; by the determinism contract any finished attempt gives the same result, so the
+first answer wins and the others are cancelled.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+# --- events -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerJoined:
+    worker: str
+    slots: int = 1
+
+
+@dataclass(frozen=True)
+class NoticeReceived:
+    """The worker will be preempted: it takes nothing new and hands back what it runs."""
+
+    worker: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    worker: str
+
+
+@dataclass(frozen=True)
+class RequestSubmitted:
+    request: str
+
+
+@dataclass(frozen=True)
+class RequestProgressed:
+    request: str
+    step: int   # the newest committed denoising step
+
+
+@dataclass(frozen=True)
+class RequestDone:
+    request: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class RequestPreempted:
+    """An attempt stopped at a step boundary after a notice, its latents committed."""
+
+    request: str
+    attempt: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StageClosed:
+    """The deadline (or the caller) ends the stage: nothing more runs."""
+
+
+Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestProgressed
+         | RequestDone | RequestPreempted | StageClosed)
+
+
+# --- actions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assign:
+    request: str
+    worker: str
+    attempt: int
+    resume_step: int   # committed steps the attempt can skip (0 = from the initial noise)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request: str
+    worker: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Requeued:
+    request: str
+    worker: str
+    step: int
+    hard: bool   # True: the worker vanished; False: handed back after a notice
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A noticed worker has nothing in flight any more: it may leave."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class Starved:
+    """Requests wait and no worker can take them (every spot worker is gone or leaving)."""
+
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Ignored:
+    event: object
+    reason: str
+
+
+Action = Assign | Cancel | Requeued | Retired | Starved | Ignored
+
+
+# --- state --------------------------------------------------------------------------------------
+class RequestState(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class WorkerState(Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"   # noticed: finishing nothing new, handing back what it runs
+    GONE = "gone"
+
+
+@dataclass
+class Request:
+    name: str
+    state: RequestState = RequestState.QUEUED
+    worker: str | None = None
+    attempt: int = 0            # attempts started so far; the running one is ``attempt``
+    committed_step: int = 0
+    hard_preemptions: int = 0
+    graceful_preemptions: int = 0
+
+    @property
+    def preemptions(self) -> int:
+        return self.hard_preemptions + self.graceful_preemptions
+
+
+@dataclass
+class Worker:
+    name: str
+    slots: int
+    state: WorkerState = WorkerState.ACTIVE
+    running: set[str] = field(default_factory=set)
+    assigned: int = 0           # requests this worker has pulled (balance)
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.running) if self.state is WorkerState.ACTIVE else 0
+
+
+class Dispatcher:
+    """The dispatch state of one stage's requests over a changing set of workers."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, Request] = {}
+        self.workers: dict[str, Worker] = {}
+        self.queue: deque[str] = deque()
+        self.closed = False
+        self._starved = False
+
+    # -- the one entry point ----------------------------------------------------------------
+    def handle(self, event: Event) -> list[Action]:
+        """Apply ``event``; return what the glue must do (in order)."""
+        handler = getattr(self, "_on_" + type(event).__name__, None)
+        if handler is None:
+            raise TypeError(f"Dispatcher.handle: {event!r} is not a dispatch event")
+        actions = handler(event)
+        return actions + self._fill_slots() + self._starvation()
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Every request is done or cancelled."""
+        return all(r.state in (RequestState.DONE, RequestState.CANCELLED)
+                   for r in self.requests.values())
+
+    def count(self, state: RequestState) -> int:
+        return sum(1 for r in self.requests.values() if r.state is state)
+
+    def active_workers(self) -> list[str]:
+        return [w.name for w in self.workers.values() if w.state is WorkerState.ACTIVE]
+
+    # -- handlers --------------------------------------------------------------------------
+    def _on_WorkerJoined(self, event: WorkerJoined) -> list[Action]:
+        if event.slots < 1:
+            raise ValueError(f"worker {event.worker!r} joined with {event.slots} slots; needs ≥ 1")
+        known = self.workers.get(event.worker)
+        if known is not None and known.state is not WorkerState.GONE:
+            return [Ignored(event, f"worker {event.worker} is already known ({known.state.value})")]
+        self.workers[event.worker] = Worker(event.worker, event.slots)
+        return []
+
+    def _on_NoticeReceived(self, event: NoticeReceived) -> list[Action]:
+        worker = self.workers.get(event.worker)
+        if worker is None:
+            return [Ignored(event, f"preemption notice for unknown worker {event.worker!r} "
+                                   f"(known: {sorted(self.workers) or 'none'}); nothing to drain")]
+        if worker.state is not WorkerState.ACTIVE:
+            return [Ignored(event, f"worker {event.worker} is already {worker.state.value}")]
+        worker.state = WorkerState.DRAINING
+        return self._retire_drained()
+
+    def _on_WorkerLost(self, event: WorkerLost) -> list[Action]:
+        worker = self.workers.get(event.worker)
+        if worker is None or worker.state is WorkerState.GONE:
+            return [Ignored(event, f"worker {event.worker!r} was not active")]
+        worker.state = WorkerState.GONE
+        actions: list[Action] = []
+        for name in sorted(worker.running, reverse=True):   # front of the queue, stable order
+            request = self.requests[name]
+            request.hard_preemptions += 1
+            self._requeue(request)
+            actions.append(Requeued(name, worker.name, request.committed_step, hard=True))
+        worker.running.clear()
+        return actions[::-1]
+
+    def _on_RequestSubmitted(self, event: RequestSubmitted) -> list[Action]:
+        if self.closed:
+            raise RuntimeError(f"request {event.request!r} submitted after the stage closed")
+        if event.request in self.requests:
+            raise ValueError(f"request {event.request!r} was submitted twice")
+        self.requests[event.request] = Request(event.request)
+        self.queue.append(event.request)
+        return []
+
+    def _on_RequestProgressed(self, event: RequestProgressed) -> list[Action]:
+        request = self.requests.get(event.request)
+        if request is None:
+            return [Ignored(event, f"unknown request {event.request!r}")]
+        request.committed_step = max(request.committed_step, event.step)
+        return []
+
+    def _on_RequestDone(self, event: RequestDone) -> list[Action]:
+        request = self.requests.get(event.request)
+        if request is None:
+            return [Ignored(event, f"unknown request {event.request!r}")]
+        if request.state is RequestState.DONE:
+            return [Ignored(event, f"request {event.request} was already done")]
+        actions: list[Action] = []
+        if request.state is RequestState.RUNNING and event.attempt != request.attempt:
+            # An earlier attempt answered after all: its result is as good; stop the current one.
+            actions.append(Cancel(request.name, request.worker, request.attempt))
+        self._release(request)
+        if request.name in self.queue:
+            self.queue.remove(request.name)
+        request.state = RequestState.DONE
+        return actions + self._retire_drained()
+
+    def _on_RequestPreempted(self, event: RequestPreempted) -> list[Action]:
+        request = self.requests.get(event.request)
+        if request is None:
+            return [Ignored(event, f"unknown request {event.request!r}")]
+        if request.state is not RequestState.RUNNING or event.attempt != request.attempt:
+            request.committed_step = max(request.committed_step, event.step)
+            return [Ignored(event, f"attempt {event.attempt} of {event.request} is not running")]
+        worker = request.worker
+        request.committed_step = max(request.committed_step, event.step)
+        request.graceful_preemptions += 1
+        self._release(request)
+        self._requeue(request)
+        return [Requeued(request.name, worker, request.committed_step, hard=False)] \
+            + self._retire_drained()
+
+    def _on_StageClosed(self, event: StageClosed) -> list[Action]:
+        self.closed = True
+        actions: list[Action] = []
+        for request in self.requests.values():
+            if request.state is RequestState.RUNNING:
+                actions.append(Cancel(request.name, request.worker, request.attempt))
+                self._release(request)
+            if request.state in (RequestState.RUNNING, RequestState.QUEUED):
+                request.state = RequestState.CANCELLED
+        self.queue.clear()
+        return actions
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _requeue(self, request: Request) -> None:
+        request.state, request.worker = RequestState.QUEUED, None
+        self.queue.appendleft(request.name)
+
+    def _release(self, request: Request) -> None:
+        worker = self.workers.get(request.worker) if request.worker else None
+        if worker is not None:
+            worker.running.discard(request.name)
+        request.worker = None
+
+    def _retire_drained(self) -> list[Action]:
+        out: list[Action] = []
+        for worker in self.workers.values():
+            if worker.state is WorkerState.DRAINING and not worker.running:
+                worker.state = WorkerState.GONE
+                out.append(Retired(worker.name))
+        return out
+
+    def _fill_slots(self) -> list[Action]:
+        """Hand queued requests to workers with room, one per worker per round: pull order."""
+        actions: list[Action] = []
+        if self.closed:
+            return actions
+        while self.queue:
+            takers = [w for w in self.workers.values() if w.free > 0]
+            if not takers:
+                break
+            for worker in takers:
+                if not self.queue:
+                    break
+                request = self.requests[self.queue.popleft()]
+                request.state, request.worker = RequestState.RUNNING, worker.name
+                request.attempt += 1
+                worker.running.add(request.name)
+                worker.assigned += 1
+                actions.append(Assign(request.name, worker.name, request.attempt,
+                                      request.committed_step))
+        return actions
+
+    def _starvation(self) -> list[Action]:
+        """Say once when queued requests have no worker left to take them."""
+        starved = bool(self.queue) and not self.closed and not any(
+            w.state is WorkerState.ACTIVE for w in self.workers.values())
+        announce = starved and not self._starved
+        self._starved = starved
+        return [Starved(len(self.queue))] if announce else []
