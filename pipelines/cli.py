@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 overrides["cluster.scheduler"] = args.scheduler
             if args.iterations is not None:
                 overrides["iterations"] = args.iterations
+            overrides.update(_preemption_overrides(args))
             session = Session.from_config(args.config, store=args.store, overrides=overrides,
                                           mode=args.mode, on_event=progress, progress=True)
     except (ClusterError, StorageError) as err:
@@ -72,6 +73,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _time_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"--time-scale {text!r}: must be a number > 0 (wall seconds per trace second; "
+            "0.01 replays a 5-minute trace tick in 3 s)")
+    return value
+
+
+def _preemption_overrides(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    if args.preempt_trace:
+        if not Path(args.preempt_trace).is_file():
+            raise ConfigError(f"--preempt-trace {args.preempt_trace!r}: no such file; pass a count "
+                              "JSON or an event CSV (see the spot traces README)")
+        out["injector.trace"] = args.preempt_trace
+    if args.time_scale is not None:
+        out["injector.time_scale"] = args.time_scale
+    if args.preempt_rate is not None:
+        out["injector.poisson_rate_per_hour"] = args.preempt_rate
+    return out
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipelines.bench import BENCHES, load_benches, write_result
 
@@ -84,6 +111,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["time_budget_s"] = args.time_budget
     if args.target is not None:
         options["target"] = args.target
+    if args.trace is not None:
+        options["trace"] = args.trace
+    if args.time_scale is not None:
+        options["time_scale"] = args.time_scale
     result = BENCHES[args.name](**options)
     print(write_result(result, args.json))
     return 0
@@ -147,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run stored at RUN_URL after its last completed stage")
     p.add_argument("--mode", choices=("spotlight", "vanilla", "sync"), default=None,
                    help="spotlight (stale exploration on spot), sync, or vanilla (default: config)")
+    p.add_argument("--preempt-trace", metavar="PATH", default=None,
+                   help="replay a spot trace (count JSON or event CSV) against the embedded "
+                        "cluster's spot workers: real SIGKILLs / notices, new workers on rises")
+    p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",
+                   help="wall seconds per trace second (default 1; 0.01 = 100x faster)")
+    p.add_argument("--preempt-rate", type=float, default=None, metavar="PER_HOUR",
+                   help="without a trace: Poisson preemptions per spot worker-hour")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("bench", help="run a benchmark and write its JSON")
@@ -158,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
     p.add_argument("--target", type=float, default=None,
                    help="convergence: target validation reward (default: base + 0.05)")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="preemption: spot trace to replay (default: the shipped g4dn events)")
+    p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",
+                   help="preemption: wall seconds per trace second (default: drops about "
+                        "8 s apart)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("audit", help="print a run's per-iteration audit table from its store; "

@@ -14,6 +14,8 @@ def iteration_line(result: Any) -> str:
     if result.filled:
         explore += f" (+{result.filled} random)"
     resumed = f" resumed[{','.join(result.resumed_stages)}]" if result.resumed_stages else ""
+    if getattr(result, "preemptions", 0):
+        resumed += f"  preempted {result.preemptions}x (resumed)"
     tau = getattr(result, "kendall_tau", None)
     fidelity = f"  tau {tau:+.2f}" if tau is not None else ""
     if getattr(result, "fidelity_state", "trusting") == "fallback":
@@ -21,6 +23,27 @@ def iteration_line(result: Any) -> str:
     return (f"iter {result.iteration:4d}  val {val}  reward {result.reward_mean:.3f}  "
             f"group std {result.group_reward_std:.3f}  explore {explore}{fidelity}  "
             f"{result.wall_s:5.1f}s  cost ${result.cost_total_usd:.4f}{resumed}")
+
+
+def preemption_line(kind: str, info: dict) -> str | None:
+    """What an operator on spot capacity needs to hear, as it happens (None: nothing to say)."""
+    if kind == "dispatch" and info.get("what") == "starved":
+        return (f"spot: no spot worker left; {info['waiting']} {info.get('stage', '')} requests "
+                f"wait (up to {info['wait_s']:g} s, then their seeds are random)")
+    if kind == "dispatch" and info.get("what") == "gave_up":
+        return f"spot: gave up waiting: {info['reason']}"
+    if kind == "injector" and info.get("kind") in ("kill", "notice", "start", "no_spot_left",
+                                                    "injector_error"):
+        what = {"kill": "SIGKILL (no notice)", "notice": "SIGTERM notice", "start": "started",
+                "no_spot_left": "the trace removes every spot worker",
+                "injector_error": f"injector failed: {info.get('error')}"}[info["kind"]]
+        return f"inject: {info.get('worker', '')} {what}".replace("  ", " ")
+    if kind == "preemptions":
+        s = info["summary"]
+        return (f"spot: {info['stage']}: {s['preemptions_hard']} hard + "
+                f"{s['preemptions_graceful']} graceful preemptions, {s['finished']}/"
+                f"{s['requests']} requests finished" + (f" ({s['gave_up']})" if s["gave_up"] else ""))
+    return None
 
 
 class ConsoleProgress:
@@ -38,6 +61,11 @@ class ConsoleProgress:
         elif kind == "fidelity":
             self._close()
             print(f"rank fidelity: {info['decision'].reason}", file=self.stream, flush=True)
+        elif kind in ("dispatch", "injector", "preemptions"):
+            line = preemption_line(kind, info)
+            if line:
+                self._close()
+                print(line, file=self.stream, flush=True)
         elif kind == "iteration_done":
             self._close()
             print(iteration_line(info["result"]), flush=True)

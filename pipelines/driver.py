@@ -21,6 +21,7 @@ import numpy as np
 
 from pipelines import worker as tasks
 from pipelines.cluster import GPU, SPOT, ClusterHandle
+from pipelines.dispatch import RequestSpec
 from pipelines.exploring import ExplorationBook
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
@@ -63,6 +64,7 @@ class IterationResult:
     plan_predicted_s: float | None = None
     plan_budget_s: float | None = None
     plan_overrun: bool | None = None       # exploration ran past the training window
+    preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
 
     @property
     def wall_s(self) -> float:
@@ -172,28 +174,19 @@ class Driver(ExplorationBook):
             prompts = prompts[:prompts_explored]
         seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
         stage = "explore" if resource == SPOT else "explore-sync"
-        futures = []
-        for p, prompt in enumerate(prompts):
-            for chunk, lo in enumerate(range(0, candidates, explore.request_batch)):
-                futures.append(self._submit(
-                    tasks.explore_task, cfg, self.store, iteration, p, prompt,
-                    seeds[p, lo:lo + explore.request_batch], chunk, version, stage, steps,
-                    resource=resource, name=stage))
-        return futures
+        requests = [RequestSpec(tasks.explore_request(p, chunk), tasks.explore_task,
+                                (cfg, self.store, iteration, p, prompt,
+                                 seeds[p, lo:lo + explore.request_batch], chunk, version, stage,
+                                 steps),
+                                tasks.stage_name(iteration, stage), tasks.explore_request(p, chunk))
+                    for p, prompt in enumerate(prompts)
+                    for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
+        return self.dispatch(requests, resource, stage)
 
     def finish_exploration(self, iteration: int, futures: list, stage: str,
                            planned: int | None = None, select: bool = True) -> Selection | None:
         """Collect finished exploration requests and record them; select seeds for ``iteration``."""
-        from distributed import Future
-
-        failed = [f for f in futures if isinstance(f, Future) and f.status == "error"]
-        if failed:
-            failed[0].result()   # an exploration bug is an error, not an unfinished candidate
-        # One batched fetch: a .result() per future is a round trip each, on the critical path.
-        finished = self.cluster.client.gather([f for f in futures if f.status == "finished"])
-        pending = [f for f in futures if f.status != "finished"]
-        if pending:
-            self.cluster.client.cancel(pending)
+        finished, cancelled, dispatch = self.collect(futures, stage)
         prompts = self.prompts(iteration)
         per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
         for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
@@ -201,12 +194,15 @@ class Driver(ExplorationBook):
             per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
         self.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
             "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
-            "tasks": [o["record"] for o in finished]})
+            "tasks": [o["record"] for o in finished], "dispatch": dispatch})
         explored = sum(len(s) for s, _ in per_prompt)
         planned = planned if planned is not None else len(prompts) * self.config.exploration.candidates
         self._mark(iteration, stage, {"explored": explored, "planned": planned,
                                       "requests_finished": len(finished),
-                                      "requests_cancelled": len(pending)})
+                                      "requests_cancelled": cancelled,
+                                      "preemptions": (dispatch or {}).get("summary", {}).get(
+                                          "preemptions_hard", 0) + (dispatch or {}).get(
+                                          "summary", {}).get("preemptions_graceful", 0)})
         if not select:
             return None
         return self._select(iteration, per_prompt, stage)
@@ -239,9 +235,8 @@ class Driver(ExplorationBook):
             self._emit("stage_start", iteration=iteration, stage="explore-sync")
             candidates = cfg.exploration.candidates
             futures = self.submit_exploration(iteration, iteration, GPU, candidates)
-            from distributed import wait
 
-            wait(futures)
+            self.wait_all(futures)
             return self.finish_exploration(iteration, futures, "explore-sync",
                                            planned=len(self.prompts(iteration)) * candidates)
         stale = self._stale_candidates(iteration) if self.mode == "spotlight" else None
@@ -326,13 +321,11 @@ class Driver(ExplorationBook):
         del rollout_f
         train_end = time.time()
 
-        explored = planned = filled = 0
+        explored = planned = filled = preemptions = 0
         if explore_futures:
             if not cfg.exploration.deadline or "train" in resumed:
                 # No training window to hide in after a resume; deadline off = every request.
-                from distributed import wait
-
-                wait(explore_futures)
+                self.wait_all(explore_futures)
             self._emit("stage_start", iteration=k, stage="select")
             planned = plan.prompts * plan.candidates
             nxt = self.finish_exploration(k + 1, explore_futures, "explore", planned=planned,
@@ -341,6 +334,7 @@ class Driver(ExplorationBook):
             explored = sum(len(row) for row in found["seeds"])
             filled = int(nxt.filled.sum()) if nxt is not None else 0
             records += found["tasks"]
+            preemptions += self._done(k + 1, "explore").get("preemptions", 0)
         audit_tau = self.finish_audit(k, audit) if audit else \
             (self._done(k, "audit") or {}).get("kendall_tau")
         if audit:
@@ -370,7 +364,8 @@ class Driver(ExplorationBook):
             fidelity_state=self.monitor.state,
             plan_candidates=plan.candidates if plan else None, plan_steps=plan.steps if plan else None,
             plan_predicted_s=plan.predicted_s if plan else None,
-            plan_budget_s=plan.budget_s if plan else None, plan_overrun=overrun)
+            plan_budget_s=plan.budget_s if plan else None, plan_overrun=overrun,
+            preemptions=preemptions)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": records, "train_end": train_end})
         self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict(),

@@ -12,6 +12,7 @@ import numpy as np
 
 from pipelines import worker as tasks
 from pipelines.cluster import SPOT
+from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.exploration import Selection
 from spotlight.exploration.fidelity import audit_due, audit_subset, grouped_kendall_tau
 from spotlight.exploration.planner import Plan
@@ -19,6 +20,47 @@ from spotlight.exploration.planner import Plan
 
 class ExplorationBook:
     """Plans, τ and audits; mixed into the driver."""
+
+    # --- running requests -------------------------------------------------------------------
+    def dispatch(self, requests: list[RequestSpec], resource: str, stage: str):
+        """Start ``requests``: pulled by spot workers (a :class:`RequestPool`), or, on gpu
+        workers and with ``preemption.dispatch: push``, submitted at once as futures."""
+        if resource == SPOT and self.config.preemption.dispatch == "pull":
+            return RequestPool(self.cluster, requests, self.config.preemption, store=self.store,
+                               on_event=lambda kind, info: self._emit(kind, stage=stage, **info))
+        return [self._submit(spec.fn, *spec.args, resource=resource, name=stage)
+                for spec in requests]
+
+    def wait_all(self, work) -> None:
+        if isinstance(work, RequestPool):
+            work.wait()
+        else:
+            from distributed import wait
+
+            wait(work)
+
+    def collect(self, work, stage: str) -> tuple[list[dict], int, dict | None]:
+        """Stop ``work``: the outputs of its finished requests (in request order), how many
+        were cancelled, and the dispatch log (pull dispatch only)."""
+        if isinstance(work, RequestPool):
+            results = work.close()
+            summary = work.summary()
+            if summary["preemptions_hard"] or summary["preemptions_graceful"] or summary["gave_up"]:
+                self._emit("preemptions", stage=stage, summary=summary)
+            return ([results[name] for name in sorted(results)],
+                    summary["requests"] - summary["finished"], {"summary": summary,
+                                                                "log": work.log})
+        from distributed import Future
+
+        failed = [f for f in work if isinstance(f, Future) and f.status == "error"]
+        if failed:
+            failed[0].result()   # an exploration bug is an error, not an unfinished candidate
+        # One batched fetch: a .result() per future is a round trip each, on the critical path.
+        finished = self.cluster.client.gather([f for f in work if f.status == "finished"])
+        pending = [f for f in work if f.status != "finished"]
+        if pending:
+            self.cluster.client.cancel(pending)
+        return finished, len(pending), None
 
     def plan_exploration(self, iteration: int) -> Plan:
         """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
@@ -91,18 +133,21 @@ class ExplorationBook:
         for i, c in picks:
             by_prompt.setdefault(explored[i], []).append(c)
         prompts = self.prompts(k)
-        return [self._submit(tasks.explore_task, self.config, self.store, k, p, prompts[p],
-                             np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
-                             "audit", resource=SPOT, name="audit")
-                for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
+        requests = [RequestSpec(tasks.explore_request(p, 0), tasks.explore_task,
+                                (self.config, self.store, k, p, prompts[p],
+                                 np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
+                                 "audit"),
+                                tasks.stage_name(k, "audit"), tasks.explore_request(p, 0))
+                    for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
+        return self.dispatch(requests, SPOT, "audit") if requests else []
 
-    def finish_audit(self, k: int, futures: list) -> float | None:
-        if not futures:
+    def finish_audit(self, k: int, work) -> float | None:
+        if not work:
             return None
-        from distributed import wait
-
-        wait(futures)
-        outs = self.cluster.client.gather(futures)
+        self.wait_all(work)
+        outs, _, _ = self.collect(work, "audit")
+        if not outs:
+            return None   # no spot worker ran it (the pool said why)
         stale = self._stale_candidates(k)
         xs, ys = [], []
         for out in outs:

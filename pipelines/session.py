@@ -19,6 +19,8 @@ from typing import Any
 
 from pipelines.cluster import ClusterHandle, check_shape, open_cluster
 from pipelines.driver import Driver, EventFn, IterationResult
+from pipelines.injector import PreemptionInjector
+from pipelines.preemption import preemption_watch
 from pipelines.worker import stage_name
 from spotlight.config import ConfigError, RunConfig, _build, config_hash, load_config
 from spotlight.models.pretrain import load_base_policy, pretrain
@@ -42,8 +44,14 @@ class Session:
         self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
         self.train_prompts = load_prompts(config.world.train_prompts, config.world.task)
         self.val_prompts = load_prompts(config.world.val_prompts, config.world.task)
+        # Spot workers hear preemption notices (SIGTERM, file, cloud metadata) and hand back.
+        cluster.client.register_plugin(preemption_watch(config.preemption))
         self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,
                              on_event=on_event)
+        self.injector: PreemptionInjector | None = None
+        if config.injector.trace or config.injector.poisson_rate_per_hour > 0:
+            self.injector = PreemptionInjector(cluster, config.injector, config.cluster,
+                                               on_event=on_event).start()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
@@ -198,6 +206,8 @@ class Session:
                 f"{self.completed_iterations()}, dashboard={self.dashboard_link!r})")
 
     def close(self) -> None:
+        if self.injector is not None:
+            self.injector.stop()
         self._executor.shutdown(wait=True)
         self.cluster.close()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipelines.preemption import StopAtStep, check_notice
 from spotlight.config import RunConfig, config_hash
 from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import Prompt
@@ -153,12 +154,17 @@ def warm_up_task(config: RunConfig, store: RunStore, version: int) -> dict:
 
 
 def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, request: str,
-                     version: int, num_steps: int | None = None) -> Trajectory:
+                     version: int, num_steps: int | None = None,
+                     progress: dict | None = None) -> Trajectory:
     """SDE-sample one request, committing the latent after every step when streaming is on.
 
     A request the store already holds steps of (an earlier attempt was killed) resumes from its
     last committed step; the steps before it are read back and their log-probabilities
     recomputed, so the trajectory equals an uninterrupted one bit for bit.
+
+    With ``progress`` (a dict) the request is preemptible: after a notice it stops at the next
+    step boundary with :class:`~pipelines.preemption.StopAtStep`, once that step is committed;
+    ``progress`` says where it resumed from and when its first new step was committed.
     """
     config = ctx.config
     steps = num_steps or config.sampler.num_steps
@@ -171,9 +177,17 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
             raise RuntimeError(f"{stage}/{request} was started with weights version "
                                f"{point.weights_version}, now asked for {version}")
         start = point.step
+    if progress is not None:
+        progress.update(resumed_from=start, first_step_at=None)
+        check_notice(start)   # noticed before it began: hand it back untouched
     with ctx.store.latent_sink(stage) as sink:
         def commit(step: int, x: torch.Tensor) -> None:
             sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version)
+            if progress is not None and step > 0:
+                if progress["first_step_at"] is None:
+                    progress["first_step_at"] = time.time()
+                if step < steps:
+                    check_notice(step)   # the latent is queued; the sink's exit commits it
 
         if point is None:
             commit(0, initial_latents(keys, ctx.policy.tokens_shape))
@@ -297,20 +311,33 @@ def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_inde
     start = time.time()
     ctx = context(config, store)
     steps = steps or config.exploration.steps or config.sampler.num_steps
+    where, request = stage_name(iteration, stage), explore_request(prompt_index, chunk)
+    progress: dict = {}
     with ctx.lock:
         policy = ctx.policy_at(version)
         policy.eval()
         keys = sample_keys(config.seed, [prompt], np.asarray(seeds)[None, :])
-        traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys,
-                                stage_name(iteration, stage), explore_request(prompt_index, chunk),
-                                version, num_steps=steps)
+        try:
+            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys, where, request,
+                                    version, num_steps=steps, progress=progress)
+        except StopAtStep as stop:
+            # Handed back after a preemption notice: a result, not a failure. The sink has
+            # closed, so everything through ``stop.step`` is committed (lost steps: computed
+            # minus committed).
+            point = store.resume_point(where, request)
+            committed = 0 if point is None else int(point.step)
+            return {"preempted": True, "prompt_index": prompt_index, "chunk": chunk,
+                    "step": committed, "computed_step": stop.step,
+                    "record": task_record(stage, iteration, start, version, request=request,
+                                          preempted=True, **progress)}
         images = policy.decode(traj.final)
         rewards = np.asarray(ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
     check_rewards(rewards, "exploration")
     return {"prompt_index": prompt_index, "chunk": chunk, "seeds": np.asarray(seeds),
             "rewards": rewards,
             "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
-                                  chunk=chunk, samples=len(seeds), steps=steps)}
+                                  chunk=chunk, samples=len(seeds), steps=steps, request=request,
+                                  **progress)}
 
 
 def validation_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],

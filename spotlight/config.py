@@ -255,6 +255,55 @@ class ClusterConfig(Validated):
                               "take spare cycles only, as a separate spot VM would.", range=(0, 19))
 
 
+NOTICE_SOURCES = ("sigterm", "file", "aws", "gcp", "azure")
+
+
+@dataclass(kw_only=True)
+class PreemptionConfig(Validated):
+    """How spot requests are dispatched and how a spot worker learns it is about to go."""
+
+    dispatch: str = spec("pull", "'pull': a worker gets the next request when it has a free "
+                                 "slot (balances, requeues on loss); 'push': Dask assigns all at "
+                                 "once (for comparison only).", choices=("pull", "push"))
+    notice_sources: list = spec(["sigterm"], f"Where a spot worker hears of its preemption: any "
+                                             f"of {list(NOTICE_SOURCES)}.")
+    notice_file: str = spec("", "Path whose appearance is a notice (source 'file').")
+    aws_url: str = spec("", "AWS spot instance-action URL (empty: the instance metadata default).")
+    gcp_url: str = spec("", "GCP 'preempted' metadata URL (empty: the default).")
+    azure_url: str = spec("", "Azure scheduled-events URL (empty: the default).")
+    notice_poll_s: float = spec(1.0, "How often the polled sources are asked.", range=(0.05, 600.0))
+    no_spot_wait_s: float = spec(60.0, "How long requests wait with no spot worker at all before "
+                                       "the stage gives up on them (the seeds they were for "
+                                       "are then random, and recorded as filled).",
+                                 range=(0.0, 86400.0))
+
+    def validate(self) -> None:
+        bad = [s for s in self.notice_sources if s not in NOTICE_SOURCES]
+        if bad:
+            raise ConfigError(f"PreemptionConfig.notice_sources: {bad} unknown; choose from "
+                              f"{list(NOTICE_SOURCES)}")
+        if "file" in self.notice_sources and not self.notice_file:
+            raise ConfigError("PreemptionConfig.notice_sources has 'file' but notice_file is "
+                              "empty; set preemption.notice_file to the path to watch")
+
+
+@dataclass(kw_only=True)
+class InjectorConfig(Validated):
+    """Preemption injection on the embedded cluster: a spot trace replay or a Poisson rate."""
+
+    trace: str = spec("", "Spot trace to replay (count JSON or event CSV, see shared traces).")
+    time_scale: float = spec(1.0, "Wall seconds per trace second (0.01: a 5 min tick lasts 3 s).",
+                             range=(1e-9, 1e6))
+    poisson_rate_per_hour: float = spec(0.0, "Without a trace: preemptions per spot worker-hour "
+                                             "(0 = none).", range=(0.0, 1e6))
+    restart_after_s: float = spec(5.0, "Poisson mode: seconds until a preempted worker's "
+                                       "replacement is started.", range=(0.0, 86400.0))
+    action: str = spec("kill", "What a drop does: 'kill' (SIGKILL, no warning), 'notice' "
+                               "(SIGTERM notice, graceful) or 'mixed' (alternating).",
+                       choices=("kill", "notice", "mixed"))
+    seed: int = spec(0, "Chooses the victims of each drop.", range=(0, 2**31 - 1))
+
+
 MARKETS = ("on_demand", "spot")
 
 
@@ -295,6 +344,8 @@ class RunConfig(Validated):
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    injector: InjectorConfig = field(default_factory=InjectorConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
 

@@ -66,3 +66,22 @@ def test_missing_base_checkpoint_is_a_clear_error(tmp_path):
     config = load_config("configs/digits.yaml", {"pretrain.seed": 12345})
     with pytest.raises(MissingCheckpointError, match="spotlight pretrain"):
         load_base_policy(config)
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "nan", "fast"])
+def test_run_refuses_a_time_scale_that_is_not_positive(scale, capsys):
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--preempt-trace", "x.csv", "--time-scale", scale])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--time-scale" in err and "must be a number > 0" in err
+
+
+def test_run_names_a_missing_preemption_trace(tmp_path, capsys):
+    from pipelines.cli import main
+
+    assert main(["run", "--preempt-trace", str(tmp_path / "nope.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "nope.csv" in err and "no such file" in err

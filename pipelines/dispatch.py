@@ -1,0 +1,280 @@
+"""Dask glue of pull-based dispatch: observe the cluster, feed the state machine, act.
+
+A :class:`RequestPool` owns one stage's requests (an exploration or an audit). A background
+thread in the driver turns what it sees -- spot workers joining and leaving the scheduler,
+preemption notices, attempts finishing -- into :mod:`spotlight.scheduling.dispatch` events,
+and carries the actions out: an ``Assign`` is one attempt submitted *pinned to that worker*
+(``allow_other_workers=False``) under its own key. Two Dask defaults stop mattering that way:
+a key dies with at most one worker, so ``allowed-failures`` never turns a preemption into
+``KilledWorker``; and the scheduler never sees more spot work than there are free slots, so
+it cannot pile resource-restricted tasks onto one worker.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipelines.cluster import SPOT, ClusterHandle
+from pipelines.preemption import NOTICE_TOPIC
+from spotlight.config import PreemptionConfig
+from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Ignored, NoticeReceived,
+                                           RequestDone, RequestPreempted, RequestState,
+                                           RequestSubmitted, Requeued, Retired, StageClosed,
+                                           Starved, WorkerJoined, WorkerLost, WorkerState)
+
+EventFn = Callable[[str, dict], None]
+_POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
+_WORKERS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: what to run, and where its latents live in the run store."""
+
+    name: str                 # unique in the pool, e.g. "p0003-c0001"
+    fn: Callable
+    args: tuple
+    stage: str                # run-store stage of its latent stream (iter-K/explore)
+    request: str              # its stream name in that stage
+
+
+class NoticeInbox:
+    """Preemption notices the workers logged, collected once per client."""
+
+    _by_client: dict[str, "NoticeInbox"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, client) -> None:
+        self.notices: list[dict] = []
+        client.subscribe_topic(NOTICE_TOPIC, self._receive)
+
+    def _receive(self, event) -> None:
+        msg = event[1] if isinstance(event, tuple) else event
+        self.notices.append(dict(msg))
+
+    @classmethod
+    def of(cls, client) -> "NoticeInbox":
+        with cls._lock:
+            inbox = cls._by_client.get(client.id)
+            if inbox is None:
+                inbox = cls._by_client[client.id] = cls(client)
+            return inbox
+
+
+class RequestPool:
+    """Pull-based execution of one stage's requests on ``resource`` workers."""
+
+    def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec], config: PreemptionConfig,
+                 *, store=None, resource: str = SPOT, on_event: EventFn | None = None) -> None:
+        self.cluster, self.client, self.config = cluster, cluster.client, config
+        self.store, self.resource = store, resource
+        self.on_event = on_event or (lambda kind, info: None)
+        self.specs = {spec.name: spec for spec in requests}
+        if len(self.specs) != len(requests):
+            raise ValueError("RequestPool: request names must be unique")
+        self.dispatcher = Dispatcher()
+        self.results: dict[str, dict] = {}
+        self.log: list[dict] = []          # every move of a request or worker, with its time
+        self.error: BaseException | None = None
+        self.gave_up: str | None = None    # why the pool stopped before every request finished
+        self._attempts: dict[Any, tuple[str, int, str]] = {}   # future -> request, attempt, worker
+        self._by_request: dict[str, Any] = {}
+        self._addresses: dict[str, str] = {}                   # worker address -> name
+        self._inbox = NoticeInbox.of(self.client)
+        self._seen_notices = len(self._inbox.notices)
+        self._starved_since: float | None = None
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._lock = threading.RLock()
+        self._thread = threading.Thread(target=self._run, name="spotlight-dispatch", daemon=True)
+        for name in self.specs:
+            self._apply(self.dispatcher.handle(RequestSubmitted(name)))
+        self._thread.start()
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    # -- the caller's side -----------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every request finished (or the pool gave up); False on timeout."""
+        ok = self._finished.wait(timeout)
+        if self.error is not None:
+            raise self.error
+        return ok
+
+    def close(self) -> dict[str, dict]:
+        """Stop: cancel what still runs or waits; the results of the finished requests."""
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            self._apply(self.dispatcher.handle(StageClosed()))
+        if self.error is not None:
+            raise self.error
+        return dict(self.results)
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def summary(self) -> dict:
+        """Per-request preemptions and attempts, for the stage record and the benchmarks."""
+        reqs = self.dispatcher.requests.values()
+        return {"requests": len(self.specs), "finished": len(self.results),
+                "cancelled": self.dispatcher.count(RequestState.CANCELLED),
+                "preemptions_hard": sum(r.hard_preemptions for r in reqs),
+                "preemptions_graceful": sum(r.graceful_preemptions for r in reqs),
+                "max_preemptions_of_one_request": max((r.preemptions for r in reqs), default=0),
+                "attempts": sum(r.attempt for r in reqs),
+                "assigned_per_worker": {w.name: w.assigned
+                                        for w in self.dispatcher.workers.values()},
+                "gave_up": self.gave_up}
+
+    # -- the loop --------------------------------------------------------------------------
+    def _run(self) -> None:
+        from distributed import wait
+
+        next_look = 0.0
+        try:
+            while not self._stop.is_set() and not self.dispatcher.finished:
+                now = time.monotonic()
+                if now >= next_look:
+                    with self._lock:
+                        self._sync_workers()
+                        self._read_notices()
+                    next_look = now + _WORKERS_EVERY_S
+                running = list(self._attempts)
+                if running:
+                    try:
+                        done, _ = wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
+                    except TimeoutError:   # distributed.wait raises when nothing finished
+                        done = set()
+                else:
+                    done = set()
+                    self._stop.wait(_POLL_S)
+                with self._lock:
+                    for future in done:
+                        self._settle(future)
+                    if self._starving_too_long():
+                        break
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            self.error = exc
+        finally:
+            self._finished.set()
+
+    def _sync_workers(self) -> None:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        now = {addr: info for addr, info in workers.items()
+               if info.get("resources", {}).get(self.resource, 0) > 0
+               and info.get("status", "running") == "running"}
+        for addr in sorted(set(self._addresses) - set(now)):
+            self._note("worker_lost", worker=self._addresses[addr])
+            self._apply(self.dispatcher.handle(WorkerLost(addr)))
+            del self._addresses[addr]
+        for addr in sorted(set(now) - set(self._addresses)):
+            self._addresses[addr] = str(now[addr].get("name", addr))
+            slots = int(now[addr]["resources"][self.resource])
+            self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots))))
+
+    def _read_notices(self) -> None:
+        fresh = self._inbox.notices[self._seen_notices:]
+        self._seen_notices += len(fresh)
+        for notice in fresh:
+            self._note("notice", worker=notice.get("name"), source=notice.get("source"))
+            self._apply(self.dispatcher.handle(NoticeReceived(notice["worker"],
+                                                              notice.get("source", ""))))
+
+    def _settle(self, future) -> None:
+        request, attempt, worker = self._attempts.pop(future)
+        if self._by_request.get(request) is future:
+            del self._by_request[request]
+        if future.status == "cancelled":
+            return
+        if future.status == "error":
+            if self.dispatcher.requests[request].state is RequestState.DONE:
+                return   # a superseded attempt failed: its request already has its answer
+            future.result()   # a bug in the request is an error, not a preemption
+        try:
+            out = future.result()
+        except Exception as exc:  # noqa: BLE001 - the worker went with the result
+            self._note("fetch_failed", request=request, error=f"{type(exc).__name__}: {exc}")
+            step = self._committed(request)[0]
+            self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, step)))
+            return
+        if out.get("preempted"):
+            # A hand-back says its worker heard a notice, maybe before its notice event
+            # arrives here: drain it first, or the request would be handed straight back to it.
+            state = self.dispatcher.workers.get(worker)
+            if state is not None and state.state is WorkerState.ACTIVE:
+                self._apply(self.dispatcher.handle(NoticeReceived(worker, "hand-back")))
+            self._note("handed_back", request=request, attempt=attempt,
+                       worker=self._addresses.get(worker, worker), step=out["step"],
+                       computed_step=out.get("computed_step", out["step"]))
+            self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, out["step"])))
+            return
+        self.results.setdefault(request, out)
+        self._apply(self.dispatcher.handle(RequestDone(request, attempt)))
+
+    def _starving_too_long(self) -> bool:
+        starved = bool(self.dispatcher.queue) and not self.dispatcher.active_workers()
+        if not starved:
+            self._starved_since = None
+            return False
+        self._starved_since = self._starved_since or time.monotonic()
+        if time.monotonic() - self._starved_since < self.config.no_spot_wait_s:
+            return False
+        self.gave_up = (f"no {self.resource} worker for {self.config.no_spot_wait_s:g} s; "
+                        f"{len(self.dispatcher.queue)} requests not run")
+        self._note("gave_up", reason=self.gave_up)
+        self.on_event("dispatch", {"what": "gave_up", "reason": self.gave_up})
+        return True
+
+    # -- actions ---------------------------------------------------------------------------
+    def _apply(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Assign):
+                self._assign(action)
+            elif isinstance(action, Cancel):
+                future = self._by_request.pop(action.request, None)
+                if future is not None:
+                    self._attempts.pop(future, None)
+                    future.cancel()
+            elif isinstance(action, Requeued):
+                step, committed_at = self._committed(action.request)
+                self._note("requeued", request=action.request,
+                           worker=self._addresses.get(action.worker, action.worker),
+                           step=step, committed_at=committed_at, hard=action.hard)
+            elif isinstance(action, Retired):
+                self._note("retired", worker=self._addresses.get(action.worker, action.worker))
+            elif isinstance(action, Starved):
+                self._note("starved", waiting=action.waiting)
+                self.on_event("dispatch", {"what": "starved", "waiting": action.waiting,
+                                           "wait_s": self.config.no_spot_wait_s})
+            elif isinstance(action, Ignored):
+                self._note("ignored", reason=action.reason)
+
+    def _assign(self, action: Assign) -> None:
+        spec = self.specs[action.request]
+        future = self.client.submit(
+            spec.fn, *spec.args, workers=[action.worker], allow_other_workers=False, pure=False,
+            key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-{uuid.uuid4().hex[:6]}")
+        self._attempts[future] = (action.request, action.attempt, action.worker)
+        self._by_request[action.request] = future
+        self._note("assigned", request=action.request, attempt=action.attempt,
+                   worker=self._addresses.get(action.worker, action.worker),
+                   resume_step=action.resume_step)
+
+    def _committed(self, request: str) -> tuple[int, float | None]:
+        """The request's committed step in the run store and when it was committed."""
+        spec = self.specs[request]
+        if self.store is None:
+            return self.dispatcher.requests[request].committed_step, None
+        record = self.store.latents.commit_record(spec.stage, spec.request)
+        if record is None:
+            return 0, None
+        return int(record["step"]), record.get("updated_at")
+
+    def _note(self, kind: str, **info: Any) -> None:
+        self.log.append({"kind": kind, "at": time.time(), **info})

@@ -1,0 +1,121 @@
+"""The spot worker's side of a preemption notice: hear it, hand requests back, retire.
+
+A :class:`PreemptionWatch` worker plugin listens on the configured notice sources (SIGTERM
+here; a file and the cloud metadata endpoints through :mod:`spotlight.scheduling.notice`).
+On the first notice it sets a process-wide flag that running requests check after every
+committed denoising step (:func:`check_notice`): the request stops there, its latents already
+committed, and returns a *preempted* result instead of failing -- so nothing counts as a task
+failure and no step is lost. It then tells the driver (a ``spotlight-preemption`` event) and
+retires the worker gracefully once nothing runs on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+
+from spotlight.config import PreemptionConfig
+from spotlight.scheduling.notice import Notice, build_sources, first_notice
+
+NOTICE_TOPIC = "spotlight-preemption"
+log = logging.getLogger(__name__)
+
+_NOTICED = threading.Event()
+_NOTICE: list[Notice] = []
+
+
+class StopAtStep(Exception):
+    """Raised inside a request's step loop after a notice: the steps up to ``step`` are committed."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"preemption notice: stopping after step {step}")
+        self.step = step
+
+
+def noticed() -> Notice | None:
+    """The notice this process received, if any."""
+    return _NOTICE[0] if _NOTICED.is_set() and _NOTICE else None
+
+
+def check_notice(step: int) -> None:
+    """Called after step ``step`` of a request was handed to the committer."""
+    if _NOTICED.is_set():
+        raise StopAtStep(step)
+
+
+def _receive(notice: Notice) -> bool:
+    """Record the first notice of this process; False if one was already received."""
+    if _NOTICED.is_set():
+        return False
+    _NOTICE.append(notice)
+    _NOTICED.set()
+    return True
+
+
+def reset_notice() -> None:
+    """Forget a received notice (tests running requests in one process)."""
+    _NOTICE.clear()
+    _NOTICED.clear()
+
+
+def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
+    """A worker plugin that acts on notices in workers holding ``resource``."""
+    from distributed import WorkerPlugin
+
+    class PreemptionWatch(WorkerPlugin):
+        name = "spotlight-preemption-watch"
+
+        def __init__(self) -> None:
+            self.config, self.resource = config, resource
+
+        def setup(self, worker) -> None:
+            self._stop = threading.Event()   # made here: the plugin is pickled to each worker
+            if worker.state.total_resources.get(self.resource, 0) <= 0:
+                return
+            self.worker = worker
+            cfg = self.config
+            if "sigterm" in cfg.notice_sources and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+            sources = build_sources(list(cfg.notice_sources), file_path=cfg.notice_file,
+                                    aws_url=cfg.aws_url, gcp_url=cfg.gcp_url,
+                                    azure_url=cfg.azure_url)
+            if sources:
+                threading.Thread(target=self._poll, args=(sources,), daemon=True,
+                                 name="spotlight-notice-poll").start()
+
+        def teardown(self, worker) -> None:
+            self._stop.set()
+
+        def _on_sigterm(self, signum, frame) -> None:
+            if self.worker.status.name in ("closing", "closed", "closing_gracefully"):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a normal shutdown: die
+                signal.raise_signal(signal.SIGTERM)
+                return
+            self._notify(Notice("sigterm", "SIGTERM received", None))
+
+        def _poll(self, sources) -> None:
+            while not self._stop.wait(self.config.notice_poll_s):
+                notice = first_notice(sources)
+                if notice is not None:
+                    self._notify(notice)
+                    return
+
+        def _notify(self, notice: Notice) -> None:
+            if _receive(notice):
+                self.worker.loop.add_callback(self._drain, notice)
+
+        async def _drain(self, notice: Notice) -> None:
+            worker = self.worker
+            worker.log_event(NOTICE_TOPIC, {
+                "worker": worker.address, "name": str(worker.name), "source": notice.source,
+                "reason": notice.reason, "deadline_s": notice.deadline_s, "at": time.time()})
+            log.warning("spot preemption notice (%s): handing requests back, then retiring",
+                        notice.source)
+            # Running requests stop at their next step boundary (check_notice) and return.
+            while worker.state.executing_count:
+                await asyncio.sleep(0.05)
+            await worker.close_gracefully(reason=f"spot preemption notice ({notice.source})")
+
+    return PreemptionWatch()

@@ -1,0 +1,165 @@
+"""Spot preemption on real worker processes: SIGKILL and SIGTERM notices, pull dispatch, resume."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines import worker as tasks
+from pipelines.dispatch import RequestPool, RequestSpec
+from pipelines.injector import SpotFleet
+from pipelines.session import Session
+from spotlight.config import load_config
+from storage import RunStore
+
+pytestmark = pytest.mark.timeout(600)
+REQUEST = tasks.explore_request(0, 0)
+
+
+def explore_spec(session: Session, stage: str, seeds: np.ndarray) -> RequestSpec:
+    cfg = session.config
+    return RequestSpec("r", tasks.explore_task,
+                       (cfg, session.store, 0, 0, session.train_prompts[0], seeds, 0, 0, stage, None),
+                       tasks.stage_name(0, stage), REQUEST)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_one_request_hard_killed_five_times_resumes_each_time_and_equals_a_clean_one(
+        tiny_run_yaml, tmp_path):
+    config = load_config(tiny_run_yaml, {"sampler.num_steps": 300})
+    seeds = np.arange(3)
+    with Session.from_config(config, store=str(tmp_path / "run")) as session:
+        store, handle = session.store, session.cluster
+        clean = RequestPool(handle, [explore_spec(session, "clean", seeds)], config.preemption,
+                            store=store)
+        clean.wait(300)
+        reference = clean.close()["r"]
+
+        fleet = SpotFleet(handle, config.cluster)
+        pool = RequestPool(handle, [explore_spec(session, "chaos", seeds)], config.preemption,
+                           store=store)
+        stage = tasks.stage_name(0, "chaos")
+        kills, attempt = 0, 0
+        while kills < 5:
+            # Wait for a new attempt to run, then for it to commit a step of its own: kill then.
+            attempt = wait_until(lambda: pool.dispatcher.requests["r"].attempt > attempt
+                                 and pool.dispatcher.requests["r"].worker
+                                 and pool.dispatcher.requests["r"].attempt, 120, "a new attempt")
+            record = store.latents.commit_record(stage, REQUEST)
+            before = -1 if record is None else record["step"]
+            wait_until(lambda: (store.latents.commit_record(stage, REQUEST) or {"step": -1})
+                       ["step"] > before, 120, "a committed step")
+            holder = pool._addresses[pool.dispatcher.requests["r"].worker]
+            assert not pool.done, "the request finished before it was preempted five times"
+            assert fleet.preempt(holder, "kill")
+            fleet.add(1)
+            kills += 1
+        pool.wait(300)
+        out = pool.close()["r"]
+
+    summary = pool.summary()
+    assert summary["max_preemptions_of_one_request"] == 5 and summary["preemptions_hard"] == 5
+    assert summary["finished"] == 1
+    np.testing.assert_array_equal(out["rewards"], reference["rewards"])
+    run = RunStore.open(str(tmp_path / "run"), create=False)
+    chaos = np.asarray(run.read_trajectory(stage, REQUEST))
+    np.testing.assert_array_equal(chaos, np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
+    assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 5
+    assert out["record"]["resumed_from"] > 0
+
+
+def test_a_sigterm_notice_hands_the_request_back_at_a_step_boundary_losing_no_step(
+        tiny_run_yaml, tmp_path):
+    config = load_config(tiny_run_yaml, {"sampler.num_steps": 300,
+                                         "cluster.spot_workers": 2})
+    seeds = np.arange(3)
+    with Session.from_config(config, store=str(tmp_path / "run")) as session:
+        store, handle = session.store, session.cluster
+        fleet = SpotFleet(handle, config.cluster)
+        pool = RequestPool(handle, [explore_spec(session, "notice", seeds)], config.preemption,
+                           store=store)
+        stage = tasks.stage_name(0, "notice")
+        wait_until(lambda: store.latents.commit_record(stage, REQUEST), 120, "a first commit")
+        holder = pool._addresses[pool.dispatcher.requests["r"].worker]
+        assert fleet.preempt(holder, "notice")
+        pool.wait(300)
+        out = pool.close()
+
+    summary = pool.summary()
+    assert summary["preemptions_graceful"] == 1 and summary["preemptions_hard"] == 0
+    assert "r" in out
+    handback = [e for e in pool.log if e["kind"] == "requeued"]
+    assert len(handback) == 1 and not handback[0]["hard"]
+    # The attempt returned the step it had committed: the resumed attempt starts exactly there.
+    resumed = [e for e in pool.log if e["kind"] == "assigned" and e["attempt"] == 2]
+    assert resumed[0]["resume_step"] == handback[0]["step"] > 0
+    assert out["r"]["record"]["resumed_from"] == handback[0]["step"]
+    assert any(e["kind"] == "notice" for e in pool.log)
+    assert any(e["kind"] == "retired" for e in pool.log)
+
+
+def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
+        tiny_run_yaml, tmp_path):
+    trace = tmp_path / "chaos.csv"
+    # Two spot nodes; one goes every 1.5 s (kill, notice, kill, ...), a fresh one follows.
+    rows = ["0,add,n0", "0,add,n1"]
+    alive, fresh = ["n0", "n1"], 2
+    for i in range(12):
+        rows.append(f"{1500 + 1500 * i},remove,{alive.pop(0)}")
+        rows.append(f"{2000 + 1500 * i},add,n{fresh}")
+        alive.append(f"n{fresh}")
+        fresh += 1
+    trace.write_text("\n".join(rows) + "\n")
+    base = {"iterations": 3, "sampler.num_steps": 40, "cluster.spot_workers": 2,
+            "exploration.candidates": 12}
+    clean_cfg = load_config(tiny_run_yaml, base)
+    chaos_cfg = load_config(tiny_run_yaml, {**base, "injector.trace": str(trace),
+                                            "injector.action": "mixed"})
+    with Session.from_config(clean_cfg, store=str(tmp_path / "clean")) as session:
+        session.run(3)
+    with Session.from_config(chaos_cfg, store=str(tmp_path / "chaos")) as session:
+        session.run(3)
+        injected = session.injector.summary()
+
+    assert injected["kills"] >= 1, injected
+    a = RunStore.open(str(tmp_path / "clean"), create=False)
+    b = RunStore.open(str(tmp_path / "chaos"), create=False)
+    wa, wb = a.load_checkpoint(3), b.load_checkpoint(3)
+    for name, tensor in wa.weights.items():
+        assert torch.equal(tensor, wb.weights[name]), name
+    np.testing.assert_array_equal(a.open_rewards()["reward"].values,
+                                  b.open_rewards()["reward"].values)
+    for k in (1, 2):   # every planned candidate was explored, however often workers died
+        info = b.stage_record(f"iter-{k}/explore")["info"]
+        assert info["explored"] == info["planned"] and info["requests_cancelled"] == 0
+
+
+def test_a_trace_that_removes_every_spot_worker_says_so_and_falls_back_to_random_seeds(
+        tiny_run_yaml, tmp_path):
+    trace = tmp_path / "all-gone.csv"
+    trace.write_text("0,add,only\n300,remove,only\n")
+    config = load_config(tiny_run_yaml, {"injector.trace": str(trace),
+                                         "preemption.no_spot_wait_s": 2.0})
+    events: list[tuple[str, dict]] = []
+    with Session.from_config(config, store=str(tmp_path / "run"),
+                             on_event=lambda kind, info: events.append((kind, info))) as session:
+        wait_until(lambda: not session.cluster.workers_by_class()["spot"], 60, "the kill")
+        history = session.run(2)
+    said = [info for kind, info in events if kind == "dispatch"]
+    assert [s["what"] for s in said] == ["starved", "gave_up"]
+    assert "no spot worker for 2 s" in said[1]["reason"]
+    assert any(kind == "injector" and info["kind"] == "no_spot_left" for kind, info in events)
+    # Nothing was explored for iteration 1: its seeds are random, and the row says so.
+    assert history.loc[0, "explored"] == 0
+    assert history.loc[0, "filled"] == config.grpo.prompts_per_iteration * config.grpo.group_size
