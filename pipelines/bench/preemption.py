@@ -1,0 +1,245 @@
+"""``spotlight bench preemption``: the digits run with and without a replayed spot trace.
+
+1. *clean*: spotlight mode, 1 gpu + 2 spot workers, exploration settings fixed (planner off)
+   and the deadline off, so every planned request runs;
+2. *chaos*: the same run (same seeds) while a spot trace is replayed against the spot workers:
+   drops alternate a SIGKILL (no warning) and a SIGTERM notice (graceful), rises start fresh
+   workers. ``identical_to_clean`` compares the final weights and every reward bit for bit.
+3. *balance*: one spot worker is slowed to half speed (SIGSTOP/SIGCONT duty cycle, like a
+   slower GPU) and the same exploration requests run with pull and with push dispatch.
+
+Lost steps of a hard kill are measured in time: (kill - the attempt's last commit) / the
+per-step compute time of the clean run. Recovery is kill (or notice) -> the first step the
+next attempt commits elsewhere.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import worker as tasks
+from pipelines.bench import machine, register_bench
+from pipelines.cluster import SPOT
+from pipelines.session import Session
+from spotlight.config import RunConfig, load_config
+from spotlight.models.pretrain import pretrain
+from spotlight.rewards import build_reward
+from spotlight.scheduling.traces import load_trace, replay_schedule, scale_to_cap
+from storage import RunStore
+
+DEFAULT_TRACE = "g4dn-events.csv"
+MIN_DROP_GAP_S = 8.0   # the default time scale spaces drops about this far apart (median)
+
+
+def default_trace() -> Path:
+    """The shipped g4dn event trace: $SPOTLIGHT_TRACES, else ../shared/traces beside the repo."""
+    root = os.environ.get("SPOTLIGHT_TRACES") or \
+        str(Path(__file__).resolve().parents[3] / "shared" / "traces")
+    path = Path(root) / DEFAULT_TRACE
+    if not path.is_file():
+        raise FileNotFoundError(f"the default spot trace {path} is not there; pass --trace PATH "
+                                "(a count JSON or an event CSV) or set SPOTLIGHT_TRACES")
+    return path
+
+
+def fit_time_scale(trace_path: Path, cap: int, min_gap_s: float = MIN_DROP_GAP_S) -> float:
+    """Wall seconds per trace second that space the trace's drops ``min_gap_s`` apart (median).
+
+    Faster than that and a fresh spot worker (a new process: imports, weights) is killed before
+    it commits a step, which measures the start-up cost instead of the scheduler.
+    """
+    trace = scale_to_cap(load_trace(trace_path), cap)
+    drops = [e.trace_s for e in replay_schedule(trace, 1.0) if e.change < 0]
+    if not drops:
+        raise ValueError(f"{trace_path}: the trace never removes a spot node; nothing to replay")
+    gaps = np.diff(drops)
+    gap = float(np.median(gaps[gaps > 0])) if (gaps > 0).any() else drops[0] or 1.0
+    return min_gap_s / gap
+
+
+def _run(config: RunConfig, url: str, iterations: int) -> dict:
+    with Session.from_config(copy.deepcopy(config), store=url) as session:
+        session.run(iterations)
+        out = {"results": session.results, "records": session.task_records(),
+               "injector": session.injector.log if session.injector else [],
+               "injector_summary": session.injector.summary() if session.injector else None}
+    store = RunStore.open(url, create=False)
+    out["dispatch"] = _dispatch_logs(store, iterations)
+    return out
+
+
+def _dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
+    """The pull-dispatch record of every spot stage (explorations and audits) of the run."""
+    out = []
+    for k in range(iterations + 1):
+        for stage, name in (("explore", "candidates"), ("audit", "audit")):
+            if store.is_stage_done(tasks.stage_name(k, stage)):
+                data = store.get_json(tasks.stage_name(k, stage), name)
+                if data.get("dispatch"):
+                    out.append({"stage": tasks.stage_name(k, stage), **data["dispatch"]})
+    return out
+
+
+def _identical(clean_url: str, chaos_url: str, iterations: int) -> bool:
+    a, b = RunStore.open(clean_url, create=False), RunStore.open(chaos_url, create=False)
+    wa, wb = a.load_checkpoint(iterations), b.load_checkpoint(iterations)
+    same = all(np.array_equal(t.numpy(), wb.weights[n].numpy()) for n, t in wa.weights.items())
+    ra, rb = a.open_rewards(), b.open_rewards()
+    return bool(same and np.array_equal(ra["reward"].values, rb["reward"].values, equal_nan=True)
+                and np.array_equal(ra["seed"].values, rb["seed"].values))
+
+
+def _step_seconds(records: list[dict]) -> float:
+    per = [(r["end"] - r["start"]) / r["steps"] for r in records
+           if r["stage"] == "explore" and r.get("steps") and not r.get("resumed_from")]
+    return float(np.median(per)) if per else float("nan")
+
+
+def preemption_figures(chaos: dict, step_s: float) -> dict:
+    """Lost steps and recovery times from the injector's and the dispatcher's logs."""
+    kills = {e["worker"]: e["at"] for e in chaos["injector"] if e["kind"] in ("kill", "notice")}
+    final = {}   # (stage, request) -> record of the attempt that finished
+    for r in chaos["records"]:
+        if r["stage"] in ("explore", "audit") and r.get("request"):
+            final[(f"iter-{r['iteration']}/{r['stage']}", r["request"])] = r
+    hard, graceful, recovery, max_pre = [], [], [], 0
+    for stage in chaos["dispatch"]:
+        max_pre = max(max_pre, stage["summary"]["max_preemptions_of_one_request"])
+        events = stage["log"]
+        for i, e in enumerate(events):
+            if e["kind"] == "handed_back":
+                graceful.append(e["computed_step"] - e["step"])
+            if e["kind"] != "requeued":
+                continue
+            killed_at = kills.get(e["worker"])
+            if killed_at is None:
+                continue
+            if e["hard"]:
+                assigned = [a["at"] for a in events[:i] if a["kind"] == "assigned"
+                            and a["request"] == e["request"]]
+                since = max([t for t in (e.get("committed_at"), assigned[-1] if assigned else None)
+                             if t is not None] or [killed_at])
+                hard.append(max(killed_at - since, 0.0) / step_s)
+            later = [a for a in events[i + 1:] if a["kind"] in ("requeued", "handed_back")
+                     and a["request"] == e["request"]]
+            record = final.get((stage["stage"], e["request"]))
+            if not later and record and record.get("first_step_at"):
+                recovery.append(record["first_step_at"] - killed_at)
+    pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else None)
+    return {"lost_steps_per_preemption": {"hard": float(np.mean(hard)) if hard else None,
+                                          "graceful": float(np.mean(graceful)) if graceful else None,
+                                          "hard_n": len(hard), "graceful_n": len(graceful)},
+            "recovery_s": {"p50": pct(recovery, 50), "p95": pct(recovery, 95), "n": len(recovery)},
+            "max_preemptions_of_one_request": max_pre}
+
+
+class Throttle:
+    """Slow one worker process to ``duty`` of its speed: SIGSTOP / SIGCONT every 50 ms."""
+
+    def __init__(self, pid: int, duty: float = 0.5, period_s: float = 0.1) -> None:
+        self.pid, self.duty, self.period_s = pid, duty, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            time.sleep(self.period_s * (1 - self.duty))
+            os.kill(self.pid, signal.SIGCONT)
+            self._stop.wait(self.period_s * self.duty)
+
+    def __enter__(self) -> "Throttle":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def balance(config: RunConfig, url: str) -> dict:
+    """Busy time per spot worker, pull vs push, with one spot worker at half speed."""
+    cfg = copy.deepcopy(config)
+    with Session.from_config(cfg, store=url) as session:
+        for f in session._warm_up:
+            f.result()
+        driver, out = session.driver, {}
+        slow = sorted(session.cluster.workers_by_class()[SPOT])[-1]
+        pid = session.cluster.cluster.workers[slow].pid
+        with Throttle(pid):
+            for k, how in enumerate(("pull", "push")):
+                driver.config.preemption.dispatch = how
+                started = time.time()
+                work = driver.submit_exploration(k, 0, SPOT)
+                driver.wait_all(work)
+                outs, _, _ = driver.collect(work, "explore")
+                ended = time.time()
+                busy: dict[str, float] = {}
+                count: dict[str, int] = {}
+                finish: dict[str, float] = {}
+                for o in outs:
+                    r = o["record"]
+                    busy[r["worker"]] = busy.get(r["worker"], 0.0) + r["end"] - r["start"]
+                    count[r["worker"]] = count.get(r["worker"], 0) + 1
+                    finish[r["worker"]] = max(finish.get(r["worker"], 0.0), r["end"] - started)
+                spread = (max(busy.values()) - min(busy.values())) / max(busy.values()) \
+                    if len(busy) > 1 else 1.0
+                out[how] = {"busy_s": busy, "requests": count, "finish_s": finish,
+                            "makespan_s": ended - started, "busy_spread": spread,
+                            "slow_worker": slow}
+    out["makespan_push_over_pull"] = out["push"]["makespan_s"] / out["pull"]["makespan_s"]
+    return out
+
+
+@register_bench("preemption")
+def bench_preemption(quick: bool = False, config: str | None = None, trace: str | None = None,
+                     time_scale: float | None = None, iterations: int | None = None,
+                     json_path: str | None = None, **_: object) -> dict:
+    started = time.monotonic()
+    trace_path = Path(trace) if trace else default_trace()
+    overrides = {"planner.enabled": False, "exploration.deadline": False,
+                 "cluster.spot_workers": 2, "cluster.dashboard": False,
+                 "validation.every": 1000, "fidelity.audit_every": 3}
+    if quick:
+        overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
+                          "grpo.micro_batch": 16, "validation.max_prompts": 8,
+                          "exploration.candidates": 8, "exploration.request_batch": 4})
+    cfg = load_config(config or "configs/digits.yaml", overrides)
+    iterations = iterations or (3 if quick else 6)
+    pretrain(cfg)
+    build_reward(cfg.reward)
+    root = Path(tempfile.mkdtemp(prefix="spotlight-bench-preemption-"))
+    clean = _run(cfg, str(root / "clean"), iterations)
+    scale = time_scale or fit_time_scale(trace_path, cfg.cluster.spot_workers)
+    chaos_cfg = copy.deepcopy(cfg)
+    chaos_cfg.injector.trace, chaos_cfg.injector.time_scale = str(trace_path), scale
+    chaos_cfg.injector.action = "mixed"
+    chaos = _run(chaos_cfg, str(root / "chaos"), iterations)
+    figures = preemption_figures(chaos, _step_seconds(clean["records"]))
+    summaries = [d["summary"] for d in chaos["dispatch"]]
+    total = sum(s["requests"] for s in summaries)
+    wall = lambda run: float(np.mean([r.wall_s for r in run["results"]]))   # noqa: E731
+    return {
+        "bench": "preemption", "config": cfg.source, "iterations": iterations,
+        "trace": str(trace_path), "time_scale": scale,
+        "requests_total": total,
+        "requests_lost": total - sum(s["finished"] for s in summaries),
+        "identical_to_clean": _identical(str(root / "clean"), str(root / "chaos"), iterations),
+        "preemptions": {"hard": sum(s["preemptions_hard"] for s in summaries),
+                        "graceful": sum(s["preemptions_graceful"] for s in summaries),
+                        "injected": chaos["injector_summary"]},
+        **figures,
+        "iteration_time_inflation": wall(chaos) / wall(clean),
+        "iteration_s": {"clean": [r.wall_s for r in clean["results"]],
+                        "chaos": [r.wall_s for r in chaos["results"]]},
+        "balance": balance(cfg, str(root / "balance")),
+        "runs": str(root), "wall_s": time.monotonic() - started, "machine": machine(),
+    }
