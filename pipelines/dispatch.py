@@ -28,6 +28,7 @@ from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Ignored, 
 EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
 _WORKERS_EVERY_S = 0.25
+_FETCH_TIMEOUT_S = 30.0  # a finished attempt's result is a small record; longer means it is gone
 
 
 @dataclass(frozen=True)
@@ -171,12 +172,23 @@ class RequestPool:
                and info.get("status", "running") == "running"}
         for addr in sorted(set(self._addresses) - set(now)):
             self._note("worker_lost", worker=self._addresses[addr])
+            self._drop_attempts_on(addr)
             self._apply(self.dispatcher.handle(WorkerLost(addr)))
             del self._addresses[addr]
         for addr in sorted(set(now) - set(self._addresses)):
             self._addresses[addr] = str(now[addr].get("name", addr))
             slots = int(now[addr]["resources"][self.resource])
             self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots))))
+
+    def _drop_attempts_on(self, addr: str) -> None:
+        """Forget the attempts pinned to a vanished worker: they can never finish (no other
+        worker may run them), and a result they left there went with the worker."""
+        for future, (request, _, worker) in list(self._attempts.items()):
+            if worker == addr:
+                del self._attempts[future]
+                if self._by_request.get(request) is future:
+                    del self._by_request[request]
+                future.cancel()
 
     def _read_notices(self) -> None:
         fresh = self._inbox.notices[self._seen_notices:]
@@ -197,8 +209,11 @@ class RequestPool:
                 return   # a superseded attempt failed: its request already has its answer
             future.result()   # a bug in the request is an error, not a preemption
         try:
-            out = future.result()
+            # A result whose worker died before the gather is never coming back: the scheduler
+            # would recompute the pinned key and wait for its dead worker for ever.
+            out = future.result(timeout=_FETCH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the worker went with the result
+            future.cancel()
             self._note("fetch_failed", request=request, error=f"{type(exc).__name__}: {exc}")
             step = self._committed(request)[0]
             self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, step)))

@@ -116,6 +116,8 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             # Running requests stop at their next step boundary (check_notice) and return.
             while worker.state.executing_count:
                 await asyncio.sleep(0.05)
+            if worker.status.name in ("closing", "closed", "closing_gracefully", "failed"):
+                return   # the cluster is shutting it down already; nothing left to retire
             await worker.close_gracefully(reason=f"spot preemption notice ({notice.source})")
 
     return PreemptionWatch()

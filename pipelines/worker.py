@@ -164,7 +164,8 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
 
     With ``progress`` (a dict) the request is preemptible: after a notice it stops at the next
     step boundary with :class:`~pipelines.preemption.StopAtStep`, once that step is committed;
-    ``progress`` says where it resumed from and when its first new step was committed.
+    ``progress`` says where it resumed from and when its first and last new steps were
+    committed (``first_step``: the step committed at ``first_step_at``).
     """
     config = ctx.config
     steps = num_steps or config.sampler.num_steps
@@ -184,8 +185,10 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
         def commit(step: int, x: torch.Tensor) -> None:
             sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version)
             if progress is not None and step > 0:
+                progress["last_step_at"] = time.time()
                 if progress["first_step_at"] is None:
-                    progress["first_step_at"] = time.time()
+                    progress["first_step_at"] = progress["last_step_at"]
+                    progress["first_step"] = step
                 if step < steps:
                     check_notice(step)   # the latent is queued; the sink's exit commits it
 

@@ -97,9 +97,23 @@ def _identical(clean_url: str, chaos_url: str, iterations: int) -> bool:
 
 
 def _step_seconds(records: list[dict]) -> float:
-    per = [(r["end"] - r["start"]) / r["steps"] for r in records
-           if r["stage"] == "explore" and r.get("steps") and not r.get("resumed_from")]
+    """Median compute time of one denoising step of an exploration request in the clean run:
+    first to last committed step, so loading, decoding and scoring are left out."""
+    per = [(r["last_step_at"] - r["first_step_at"]) / (r["steps"] - r["first_step"])
+           for r in records if r["stage"] == "explore" and r.get("first_step_at")
+           and r.get("last_step_at") and r.get("steps", 0) > r.get("first_step", 0)]
     return float(np.median(per)) if per else float("nan")
+
+
+def _outage_s(events: list[dict]) -> float:
+    """Seconds a stage's requests waited with no spot worker alive (starved -> next assign)."""
+    total, since = 0.0, None
+    for e in events:
+        if e["kind"] == "starved" and since is None:
+            since = e["at"]
+        elif e["kind"] == "assigned" and since is not None:
+            total, since = total + e["at"] - since, None
+    return total
 
 
 def preemption_figures(chaos: dict, step_s: float) -> dict:
@@ -109,10 +123,11 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
     for r in chaos["records"]:
         if r["stage"] in ("explore", "audit") and r.get("request"):
             final[(f"iter-{r['iteration']}/{r['stage']}", r["request"])] = r
-    hard, graceful, recovery, max_pre = [], [], [], 0
+    hard, graceful, recovery, max_pre, outage = [], [], [], 0, 0.0
     for stage in chaos["dispatch"]:
         max_pre = max(max_pre, stage["summary"]["max_preemptions_of_one_request"])
         events = stage["log"]
+        outage += _outage_s(events)
         for i, e in enumerate(events):
             if e["kind"] == "handed_back":
                 graceful.append(e["computed_step"] - e["step"])
@@ -121,11 +136,14 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
             killed_at = kills.get(e["worker"])
             if killed_at is None:
                 continue
-            if e["hard"]:
+            if e["hard"] and e.get("committed_at") is None:
+                hard.append(0.0)   # its stream was never opened: no step had been computed
+            elif e["hard"]:
+                # Work since the later of its last commit and its assignment (a resumed
+                # attempt's last commit is the earlier attempt's) is lost, in clean step times.
                 assigned = [a["at"] for a in events[:i] if a["kind"] == "assigned"
                             and a["request"] == e["request"]]
-                since = max([t for t in (e.get("committed_at"), assigned[-1] if assigned else None)
-                             if t is not None] or [killed_at])
+                since = max([e["committed_at"]] + assigned[-1:])
                 hard.append(max(killed_at - since, 0.0) / step_s)
             later = [a for a in events[i + 1:] if a["kind"] in ("requeued", "handed_back")
                      and a["request"] == e["request"]]
@@ -135,9 +153,10 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
     pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else None)
     return {"lost_steps_per_preemption": {"hard": float(np.mean(hard)) if hard else None,
                                           "graceful": float(np.mean(graceful)) if graceful else None,
-                                          "hard_n": len(hard), "graceful_n": len(graceful)},
+                                          "hard_each": hard, "graceful_each": graceful},
             "recovery_s": {"p50": pct(recovery, 50), "p95": pct(recovery, 95), "n": len(recovery)},
-            "max_preemptions_of_one_request": max_pre}
+            "max_preemptions_of_one_request": max_pre, "step_s": step_s,
+            "spot_outage_s": outage}
 
 
 class Throttle:
