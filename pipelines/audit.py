@@ -242,3 +242,21 @@ def request_strip(run: str | StorageConfig | RunStore, iteration: int, request: 
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
     Image.fromarray((strip * 255).round().astype(np.uint8)).save(out_png)
     return strip
+
+
+def format_events(events: list[dict[str, Any]]) -> str:
+    """The run's event log, one line each: UTC time, what happened, to which worker / request."""
+    import datetime
+
+    if not events:
+        return "no events recorded (no preemption, injection or spot dispatch in this run)"
+    lines = []
+    for e in events:
+        at = datetime.datetime.fromtimestamp(e.get("at", 0.0), datetime.timezone.utc)
+        what = f"{e.get('kind', '?')}/{e['what']}" if e.get("what") else e.get("kind", "?")
+        detail = " ".join(f"{k}={e[k]}" for k in ("stage", "worker", "request", "attempt", "step",
+                                                   "hard", "source", "reason", "waiting")
+                          if e.get(k) is not None and e.get(k) != "")
+        lines.append(f"{at:%H:%M:%S.%f}"[:-3] + f"  {what:<22} {detail}")
+    return "\n".join(lines)
+

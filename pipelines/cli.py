@@ -121,7 +121,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from pipelines.audit import audit_table, decoder_for_run, request_strip
+    from pipelines.audit import audit_table, decoder_for_run, format_events, request_strip
     from storage import RunStore, StorageConfig, StorageError
 
     if (args.iteration is None) != (args.request is None):
@@ -135,6 +135,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         # Reading must create nothing: the local probe would make a missing directory.
         store = RunStore.open(config, create=False, check_on_open=config.scheme != "file")
         print(audit_table(store))
+        if args.events:
+            print(format_events(store.read_events()))
         if args.iteration is not None:
             png = args.png or f"audit-iter{args.iteration}-{args.request}.png"
             request_strip(store, args.iteration, args.request, png, decode=decoder_for_run(store),
@@ -212,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the iteration that holds the request)")
     p.add_argument("--png", metavar="PATH",
                    help="where to write the strip (default audit-iterK-R.png here)")
+    p.add_argument("--events", action="store_true",
+                   help="also print the event log: injections, worker losses, notices, every "
+                        "request assignment, requeue and hand-back")
     p.add_argument("--endpoint-url", default=None,
                    help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL); "
                         "credentials come from the standard AWS environment variables")

@@ -12,6 +12,8 @@ a recorded stage is never recomputed: the driver can be killed anywhere and resu
 """
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -79,6 +81,11 @@ def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int
     return random_seeds(run_seed + 7919, iteration, prompts, candidates)
 
 
+# What goes into the run store's event log (``RunStore.read_events``): what an operator audits
+# after a night on spot capacity. Stage progress and per-iteration results have their own records.
+RECORDED_EVENTS = frozenset({"dispatch", "preemptions", "injector", "fidelity", "request"})
+
+
 class Driver(ExplorationBook):
     """Runs iterations of one run on one cluster; the state lives in the run store."""
 
@@ -92,6 +99,8 @@ class Driver(ExplorationBook):
         self.ledger = self._restored_ledger()
         self.planner, self.monitor = self._restored_planning()
         self._attempt = uuid.uuid4().hex[:6]
+        self._events: list[dict] = []       # operator events not yet in the run store
+        self._events_lock = threading.Lock()
         self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
 
@@ -133,8 +142,24 @@ class Driver(ExplorationBook):
                                           key=f"{name}-{self._attempt}-{uuid.uuid4().hex[:8]}",
                                           **kwargs)
 
-    def _emit(self, kind: str, **info: Any) -> None:
+    def _emit(self, kind: str, /, **info: Any) -> None:
+        if kind in RECORDED_EVENTS:
+            self._record_event(kind, info)
         self.on_event(kind, info)
+
+    def _record_event(self, kind: str, info: dict) -> None:
+        """Keep an operator event for the run store's event log (written per iteration)."""
+        info = {("what" if k == "kind" else k):   # the injector's own kind: kill, notice, ...
+                dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                for k, v in info.items()}
+        with self._events_lock:
+            self._events.append({"kind": kind, "at": info.get("at", time.time()), **info})
+
+    def flush_events(self, batch: str) -> None:
+        """Write the events kept since the last flush as ``events/<batch>-<driver>.jsonl``."""
+        with self._events_lock:
+            events, self._events = self._events, []
+        self.store.write_events(f"{batch}-{self._attempt}", events)
 
     def _track_workers(self) -> None:
         """Feed the cost ledger with who is alive now (workers join and leave between polls)."""
@@ -368,6 +393,7 @@ class Driver(ExplorationBook):
             preemptions=preemptions)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": records, "train_end": train_end})
+        self.flush_events(f"iter-{k:06d}")
         self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict(),
                                     "planner": self.planner.to_dict(),
                                     "monitor": self.monitor.to_dict()})

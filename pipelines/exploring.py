@@ -45,6 +45,9 @@ class ExplorationBook:
         if isinstance(work, RequestPool):
             results = work.close()
             summary = work.summary()
+            for move in work.log:   # every assignment, loss, requeue and hand-back, timed
+                self._record_event("request", {"stage": stage, "what": move["kind"],
+                                               **{k: v for k, v in move.items() if k != "kind"}})
             if summary["preemptions_hard"] or summary["preemptions_graceful"] or summary["gave_up"]:
                 self._emit("preemptions", stage=stage, summary=summary)
             return ([results[name] for name in sorted(results)],

@@ -50,8 +50,9 @@ class Session:
                              on_event=on_event)
         self.injector: PreemptionInjector | None = None
         if config.injector.trace or config.injector.poisson_rate_per_hour > 0:
-            self.injector = PreemptionInjector(cluster, config.injector, config.cluster,
-                                               on_event=on_event).start()
+            self.injector = PreemptionInjector(
+                cluster, config.injector, config.cluster,
+                on_event=lambda kind, info: self.driver._emit(kind, **info)).start()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
@@ -209,7 +210,10 @@ class Session:
         if self.injector is not None:
             self.injector.stop()
         self._executor.shutdown(wait=True)
-        self.cluster.close()
+        try:
+            self.driver.flush_events("close")   # what happened after the last iteration
+        finally:
+            self.cluster.close()
 
     def __enter__(self) -> "Session":
         return self

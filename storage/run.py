@@ -14,6 +14,7 @@ from .sink import LatentSink
 from .urls import RunLocation, check_reachable, open_location
 
 log = logging.getLogger(__name__)
+EVENTS = "events"   # run events, one JSON-lines object per batch
 
 
 class RunStore:
@@ -160,6 +161,33 @@ class RunStore:
 
     def open_rewards(self) -> Any:
         return self.rewards.open()
+
+    # -- events -------------------------------------------------------------------------------
+    def write_events(self, batch: str, events: list[Mapping[str, Any]]) -> None:
+        """Write one batch of run events (worker joins and losses, preemptions, request moves)
+        as ``events/<batch>.jsonl``. Object stores cannot append, so each batch is its own
+        object; a batch name already there is refused rather than overwritten."""
+        import json
+
+        if not events:
+            return
+        name = f"{batch}.jsonl"
+        if self.location.exists(EVENTS, name):
+            raise FileExistsError(f"{self.location.child_url(EVENTS, name)} exists; event "
+                                  "batches are never overwritten -- pick a new batch name")
+        lines = "".join(json.dumps(dict(e), default=str) + "\n" for e in events)
+        self.location.write_bytes(lines.encode(), EVENTS, name)
+
+    def read_events(self) -> list[dict]:
+        """Every recorded event of the run, ordered by time (``at``)."""
+        import json
+
+        out: list[dict] = []
+        for name in self.location.list_names(EVENTS):
+            if name.endswith(".jsonl"):
+                text = self.location.read_bytes(EVENTS, name).decode("utf-8")
+                out += [json.loads(line) for line in text.splitlines() if line.strip()]
+        return sorted(out, key=lambda e: e.get("at", 0.0))
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, iteration: int, weights: Mapping[str, Any],

@@ -44,6 +44,21 @@ def test_audit_prints_the_table(tmp_path, capsys):
     assert lines[3].split()[0] == "1" and lines[3].rstrip().endswith("validation")
 
 
+def test_audit_events_prints_the_event_log_in_time_order(tmp_path, capsys):
+    store, _ = build_run(f"file://{tmp_path}/run")
+    assert main(["audit", store.url, "--events"]) == 0
+    assert "no events recorded" in capsys.readouterr().out
+    store.write_events("iter-000000-x", [
+        {"kind": "request", "what": "requeued", "at": 1795400001.5, "stage": "iter-1/explore",
+         "worker": "spot-2", "request": "p0003-c0000", "step": 7, "hard": True},
+        {"kind": "injector", "what": "kill", "at": 1795400001.0, "worker": "spot-2", "pid": 4242}])
+    assert main(["audit", store.url, "--events"]) == 0
+    lines = capsys.readouterr().out.splitlines()[-2:]
+    assert "injector/kill" in lines[0] and "worker=spot-2" in lines[0]
+    assert "request/requeued" in lines[1] and "step=7" in lines[1] and "hard=True" in lines[1]
+    assert lines[0].startswith("02:13:21.000")
+
+
 def test_audit_strip_decodes_packed_canvases(tmp_path, capsys):
     store, lats = build_run(f"file://{tmp_path}/run")
     png = tmp_path / "out" / "strip.png"

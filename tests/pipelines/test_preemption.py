@@ -140,6 +140,15 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
         assert torch.equal(tensor, wb.weights[name]), name
     np.testing.assert_array_equal(a.open_rewards()["reward"].values,
                                   b.open_rewards()["reward"].values)
+    # The run store's event log has every injection and every move of a request.
+    logged = b.read_events()
+    assert sum(e["kind"] == "injector" and e["what"] == "kill" for e in logged) \
+        == injected["kills"]
+    moves = [e for e in logged if e["kind"] == "request"]
+    assert "assigned" in {e["what"] for e in moves}
+    assert all(e["stage"] and e["at"] > 0 for e in moves)
+    assert all(isinstance(e["step"], int) for e in moves if e["what"] == "requeued")
+    assert not a.read_events() or all(e["kind"] != "injector" for e in a.read_events())
     for k in (1, 2):   # every planned candidate was explored, however often workers died
         info = b.stage_record(f"iter-{k}/explore")["info"]
         assert info["explored"] == info["planned"] and info["requests_cancelled"] == 0
