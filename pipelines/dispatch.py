@@ -171,14 +171,18 @@ class RequestPool:
                if info.get("resources", {}).get(self.resource, 0) > 0
                and info.get("status", "running") == "running"}
         for addr in sorted(set(self._addresses) - set(now)):
-            self._note("worker_lost", worker=self._addresses[addr])
-            self._drop_attempts_on(addr)
-            self._apply(self.dispatcher.handle(WorkerLost(addr)))
-            del self._addresses[addr]
+            self._lose(addr)
         for addr in sorted(set(now) - set(self._addresses)):
             self._addresses[addr] = str(now[addr].get("name", addr))
             slots = int(now[addr]["resources"][self.resource])
             self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots))))
+
+    def _lose(self, addr: str) -> None:
+        """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
+        self._note("worker_lost", worker=self._addresses[addr])
+        self._drop_attempts_on(addr)
+        self._apply(self.dispatcher.handle(WorkerLost(addr)))
+        del self._addresses[addr]
 
     def _drop_attempts_on(self, addr: str) -> None:
         """Forget the attempts pinned to a vanished worker: they can never finish (no other
@@ -199,7 +203,10 @@ class RequestPool:
                                                               notice.get("source", ""))))
 
     def _settle(self, future) -> None:
-        request, attempt, worker = self._attempts.pop(future)
+        entry = self._attempts.pop(future, None)
+        if entry is None:
+            return   # cancelled meanwhile (superseded, or its worker was lost)
+        request, attempt, worker = entry
         if self._by_request.get(request) is future:
             del self._by_request[request]
         if future.status == "cancelled":
@@ -215,6 +222,10 @@ class RequestPool:
         except Exception as exc:  # noqa: BLE001 - the worker went with the result
             future.cancel()
             self._note("fetch_failed", request=request, error=f"{type(exc).__name__}: {exc}")
+            if worker in self._addresses and worker not in \
+                    self.client.scheduler_info(n_workers=-1)["workers"]:
+                self._lose(worker)   # the worker died with the result: a hard preemption
+                return
             step = self._committed(request)[0]
             self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, step)))
             return

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipelines import dispatch as dispatch_glue
 from pipelines import worker as tasks
 from pipelines.dispatch import RequestPool, RequestSpec
 from pipelines.injector import SpotFleet
@@ -77,6 +78,35 @@ def test_one_request_hard_killed_five_times_resumes_each_time_and_equals_a_clean
     np.testing.assert_array_equal(chaos, np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
     assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 5
     assert out["record"]["resumed_from"] > 0
+
+
+def test_a_result_stranded_on_a_worker_killed_before_the_fetch_is_recomputed_elsewhere(
+        tiny_run_yaml, tmp_path, monkeypatch):
+    # The attempt finished, but its worker dies before the driver fetches the result: the pinned
+    # key can never run again (Dask would wait for its worker for ever). The fetch gives up and
+    # the request runs again on a fresh worker.
+    monkeypatch.setattr(dispatch_glue, "_FETCH_TIMEOUT_S", 3.0)
+    config = load_config(tiny_run_yaml)
+    with Session.from_config(config, store=str(tmp_path / "run")) as session:
+        fleet = SpotFleet(session.cluster, config.cluster)
+        pool = RequestPool(session.cluster, [explore_spec(session, "stranded", np.arange(3))],
+                           config.preemption, store=session.store)
+        wait_until(lambda: pool._attempts, 120, "the first attempt")
+        with pool._lock:   # the pool's loop cannot settle the attempt while this is held
+            future = next(iter(pool._attempts))
+            wait_until(lambda: future.status == "finished", 120, "the attempt to finish")
+            holder = pool._addresses[pool.dispatcher.requests["r"].worker]
+            assert fleet.preempt(holder, "kill")
+            fleet.add(1)
+            wait_until(lambda: not any(w.get("name") == holder for w in session.cluster.client
+                                       .scheduler_info(n_workers=-1)["workers"].values()),
+                       60, "the scheduler to drop the killed worker")
+            pool._settle(future)   # what the loop does next: fetch the result
+        assert pool.wait(180), "the request never finished after its result was lost"
+        out = pool.close()
+    assert [e["kind"] for e in pool.log].count("fetch_failed") == 1
+    assert pool.summary()["finished"] == 1 and pool.summary()["attempts"] == 2
+    assert out["r"]["record"]["worker"] != holder
 
 
 def test_a_sigterm_notice_hands_the_request_back_at_a_step_boundary_losing_no_step(
