@@ -15,7 +15,7 @@ import numpy as np
 from pipelines.console import ConsoleProgress
 from pipelines.report import image_grid, reward_curve
 from pipelines.session import Session
-from pipelines.timeline import overlap_fraction, plot_timeline
+from pipelines.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig
 
 
@@ -49,7 +49,7 @@ def run_demo(config: RunConfig, iterations: int | None = None,
     reward_curve({config.world.task: curve}, report_dir / "reward_curve.png")
     plot_timeline(tasks, report_dir / "timeline.png",
                   title=f"{config.world.task}, {config.mode} mode: tasks per worker")
-    overlap = overlap_fraction(tasks, inner="explore", outer="train") \
+    overlap = overlap_fraction(tasks, inner="explore", outer=CRITICAL_STAGES) \
         if any(t["stage"] == "explore" for t in tasks) else None
     summary = {
         "task": config.world.task, "mode": config.mode, "iterations": iterations, "run": url,
@@ -64,7 +64,7 @@ def run_demo(config: RunConfig, iterations: int | None = None,
           f"(change {after['mean_reward'] - before['mean_reward']:+.3f})")
     if overlap is not None:
         print(f"exploration: {summary['explored']}/{summary['planned']} candidates scored, "
-              f"{overlap:.0%} of it while training ran")
+              f"{overlap:.0%} of it while the gpu worker was busy")
     print(f"cost: ${summary['cost_usd']:.4f} at the configured cloud prices")
     print(f"report: {report_dir}/ (validation_before.png, validation_after.png, reward_curve.png, "
           "timeline.png, summary.json)")

@@ -3,7 +3,8 @@
 Iteration k, weights version k (θ_k)::
 
     gpu:  rollout(θ_k, P_k, S_k) -> reward -> advantages -> train θ_k -> θ_k+1 -> checkpoint
-    spot:                                         explore(θ_k, P_k+1, N seeds)  (while training)
+    spot: explore(θ_k, P_k+1, N seeds)  (from the start: exploration.window "iteration";
+                                         or while training only: window "train")
     driver: at the training deadline keep what finished -> select S_k+1 -> [validate θ_k+1]
 
 ``sync`` mode explores P_k with θ_k on gpu workers before the rollout; ``vanilla`` does not
@@ -278,6 +279,14 @@ class Driver(ExplorationBook):
         self._mark(iteration, "selection", {"source": "random", "selection": selection.to_record()})
         return selection
 
+    def _start_exploration(self, k: int) -> tuple:
+        """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
+        plan = self.plan_exploration(k + 1)
+        if self._done(k + 1, "explore") or not plan.candidates:
+            return plan, []
+        return plan, self.submit_exploration(k + 1, k, SPOT, plan.candidates, plan.steps,
+                                             plan.prompts)
+
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
         """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
@@ -293,8 +302,14 @@ class Driver(ExplorationBook):
         seeds = selection.seeds
         records: list[dict] = []
         spotlight = self.mode == "spotlight"
-        # The spot workers are idle while the rollout runs: audit the stale ranking then.
+        # The spot workers are idle while the rollout runs: audit the stale ranking then, and
+        # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
         audit = self.submit_audit(k) if spotlight and not self._done(k, "audit") else []
+        explore_futures: list = []
+        plan = None
+        early = cfg.exploration.window == "iteration"
+        if early and explore_next and spotlight:
+            plan, explore_futures = self._start_exploration(k)
 
         self._emit("stage_start", iteration=k, stage="rollout")
         if self._done(k, "rollout"):
@@ -323,15 +338,8 @@ class Driver(ExplorationBook):
             self._emit("fidelity", iteration=k, decision=decision)
         if spotlight:
             self._record_plan_outcome(k, adv)
-        explore_futures: list = []
-        plan = None
-        if explore_next and spotlight and not self._done(k + 1, "explore"):
-            plan = self.plan_exploration(k + 1)
-            if plan.candidates:
-                explore_futures = self.submit_exploration(k + 1, k, SPOT, plan.candidates,
-                                                          plan.steps, plan.prompts)
-        elif explore_next and spotlight:
-            plan = self.plan_exploration(k + 1)
+        if not early and explore_next and spotlight:
+            plan, explore_futures = self._start_exploration(k)
         if self._done(k, "train"):
             train_info = self._done(k, "train")["stats"]
         else:

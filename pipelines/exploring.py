@@ -6,6 +6,7 @@ the stale ranking can be trusted*, apart from the iteration graph itself.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -15,7 +16,7 @@ from pipelines.cluster import SPOT
 from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.exploration import Selection
 from spotlight.exploration.fidelity import audit_due, audit_subset, grouped_kendall_tau
-from spotlight.exploration.planner import Plan
+from spotlight.exploration.planner import Plan, exploration_window_s
 
 
 class ExplorationBook:
@@ -76,22 +77,25 @@ class ExplorationBook:
             plan = Plan(iteration, cfg.exploration.candidates, rollout_steps,
                         len(self.prompts(iteration)), None, None, None, "fixed: planner off")
             self.planner.events.append({"kind": "plan", **asdict(plan)})
-            self._mark(iteration, "plan", {"plan": asdict(plan)})
+            self._mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
             return plan
         slots = len(self.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
         plan = self.planner.plan(iteration, len(self.prompts(iteration)), cfg.grpo.group_size,
                                  slots, self._train_history(iteration - 1),
                                  self._seconds_per_sample_step(iteration - 1), rollout_steps)
-        self._mark(iteration, "plan", {"plan": asdict(plan)})
+        self._mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
         self._emit("plan", iteration=iteration, plan=plan)
         return plan
 
     def _train_history(self, before: int) -> list[float]:
+        """Measured exploration windows of the iterations before ``before``."""
         out = []
         for k in range(max(0, before - self.config.planner.train_time_window), before):
-            record = self._done(k, "train")
-            if record and record.get("task"):
-                out.append(record["task"]["end"] - record["task"]["start"])
+            train, rollout = self._done(k, "train") or {}, self._done(k, "rollout") or {}
+            seconds = exploration_window_s(rollout.get("task"), train.get("task"),
+                                           self.config.exploration.window)
+            if seconds is not None:
+                out.append(seconds)
         return out
 
     def _seconds_per_sample_step(self, before: int) -> float | None:

@@ -53,14 +53,22 @@ def merge_intervals(intervals: Sequence[tuple[float, float]]) -> list[tuple[floa
     return merged
 
 
-def overlap_fraction(tasks: Sequence[dict], inner: str = "explore", outer: str = "train") -> float:
-    """Share of all ``inner``-stage task time inside the union of ``outer``-stage task intervals.
+# The gpu stages an iteration waits for: exploration that runs inside them costs no wall time.
+CRITICAL_STAGES = ("rollout", "reward", "advantages", "train", "checkpoint")
 
-    0.0 when there is no ``inner`` time. With the defaults: how much of the spot workers'
-    exploration ran while the gpu workers trained, rather than adding to the iteration's time.
+
+def overlap_fraction(tasks: Sequence[dict], inner: str = "explore",
+                     outer: str | Sequence[str] = "train") -> float:
+    """Share of all ``inner``-stage task time inside the union of ``outer``-stage task intervals
+    (``outer``: one stage or several).
+
+    0.0 when there is no ``inner`` time. With ``outer=CRITICAL_STAGES``: how much of the spot
+    workers' exploration ran while the gpu workers worked on the iteration, rather than adding
+    to its time.
     """
     _check(tasks)
-    union = merge_intervals([(t["start"], t["end"]) for t in tasks if t["stage"] == outer])
+    outer = {outer} if isinstance(outer, str) else set(outer)
+    union = merge_intervals([(t["start"], t["end"]) for t in tasks if t["stage"] in outer])
     inside = total = 0.0
     for t in tasks:
         if t["stage"] != inner:

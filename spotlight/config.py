@@ -186,6 +186,11 @@ class ExplorationConfig(Validated):
                               range=(1, 4096))
     deadline: bool = spec(True, "Stop exploring when training ends (anytime); false waits for "
                                 "every candidate (used to compare runs bit for bit).")
+    window: str = spec("iteration", "When stale exploration of the next iteration runs: "
+                                    "'iteration' = from this iteration's start (θ_k is ready "
+                                    "then, and the spot workers are otherwise idle during the "
+                                    "rollout), 'train' = only while training runs.",
+                       choices=("iteration", "train"))
 
 
 @dataclass(kw_only=True)
@@ -198,9 +203,10 @@ class PlannerConfig(Validated):
     steps: list = spec([0], "The M arms: replay steps (0 = the rollout's steps).")
     gamma: float = spec(0.3, "UCB bonus weight: larger tries settings more, smaller exploits.",
                         range=(0.0, 10.0))
-    budget_fraction: float = spec(0.9, "Share of the predicted training time a plan may fill.",
+    budget_fraction: float = spec(0.9, "Share of the predicted exploration window a plan may fill.",
                                   range=(0.05, 1.0))
-    train_time_window: int = spec(5, "Iterations averaged to predict training time.",
+    train_time_window: int = spec(5, "Iterations averaged to predict the exploration window "
+                                     "(training time, or rollout to training end).",
                                   range=(1, 1000))
 
     def validate(self) -> None:

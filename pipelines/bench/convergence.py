@@ -38,6 +38,11 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None, budg
         for _ in range(max_iterations):
             session.submit_iteration(max_iterations).result()
             last = session.results[-1]
+            print(f"{mode:9s} iter {last.iteration:3d} {time.monotonic() - started:6.0f}s "
+                  f"reward={last.reward_mean:.3f} group_std={last.group_reward_std:.3f}"
+                  + (f" tau={last.kendall_tau:.2f}" if last.kendall_tau is not None else "")
+                  + (f" val={last.val_reward:.3f}" if last.val_reward is not None else ""),
+                  flush=True)
             if target is not None and last.val_reward is not None and last.val_reward >= target:
                 reached = last.iteration + 1
                 break

@@ -7,7 +7,8 @@ Three runs from the same base model and seeds, each streaming latents and saving
 3. ``spotlight`` on the same cluster: stale-weight exploration on the spot worker while the gpu
    worker trains.
 ``overhead_ratio`` = (2) / (1); ``critical_path_ratio`` = (3) / (2) iteration wall time;
-``exploration_overlap`` = share of exploration task time inside training windows, from (3).
+``exploration_overlap`` = share of exploration task time while the gpu worker worked on the
+iteration (rollout to checkpoint), from (3).
 The three runs are repeated in rounds (three by default, the order reversed every other round) and the
 ratios are taken over the sums.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from pipelines import worker as tasks
 from pipelines.bench import machine, register_bench
 from pipelines.session import Session
-from pipelines.timeline import overlap_fraction, plot_timeline
+from pipelines.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts
@@ -108,7 +109,7 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
         "bench": "overhead", "config": cfg.source, "iterations": iterations,
         "rounds": len(inprocess) // iterations,
         "inprocess_s": inprocess_s, "dask_s": dask_s, "overhead_ratio": dask_s / inprocess_s,
-        "exploration_overlap": overlap_fraction(all_tasks, inner="explore", outer="train"),
+        "exploration_overlap": overlap_fraction(all_tasks, inner="explore", outer=CRITICAL_STAGES),
         "critical_path_ratio": spot_wall / vanilla_wall if vanilla_wall else None,
         "spotlight_iteration_s": [r.wall_s for r in spot],
         "vanilla_iteration_s": [r.wall_s for r in vanilla],

@@ -21,6 +21,20 @@ def predict_train_seconds(history: list[float], window: int) -> float | None:
     return sum(recent) / len(recent) if recent else None
 
 
+def exploration_window_s(rollout_task: dict | None, train_task: dict | None,
+                         window: str) -> float | None:
+    """Seconds stale exploration had in one measured iteration: the training task's duration
+    (``window == "train"``) or rollout start to training end (``"iteration"``); None when a
+    needed task was not measured (a resumed stage)."""
+    if not train_task:
+        return None
+    if window == "train":
+        return train_task["end"] - train_task["start"]
+    if window != "iteration":
+        raise ValueError(f"exploration window {window!r} is not 'iteration' or 'train'")
+    return None if not rollout_task else train_task["end"] - rollout_task["start"]
+
+
 def plan_cost(prompts: int, candidates: int, steps: int, sec_per_sample_step: float) -> float:
     """Spot-seconds to explore ``candidates`` seeds of each prompt over ``steps`` steps."""
     return prompts * candidates * steps * sec_per_sample_step

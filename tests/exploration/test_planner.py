@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from spotlight.config import ConfigError, PlannerConfig
-from spotlight.exploration.planner import ExplorationPlanner, plan_cost, predict_train_seconds
+from spotlight.exploration.planner import (ExplorationPlanner, exploration_window_s, plan_cost,
+                                          predict_train_seconds)
 
 PROMPTS, GROUP, ROLLOUT_STEPS = 16, 8, 10
 
@@ -98,3 +99,13 @@ def test_helpers_and_config_errors():
         PlannerConfig(candidates=[])
     with pytest.raises(ConfigError, match="budget_fraction"):
         PlannerConfig(budget_fraction=2.0)
+
+
+def test_exploration_window_is_training_or_rollout_to_training_end():
+    rollout, train = {"start": 10.0, "end": 14.0}, {"start": 15.0, "end": 21.0}
+    assert exploration_window_s(rollout, train, "train") == pytest.approx(6.0)
+    assert exploration_window_s(rollout, train, "iteration") == pytest.approx(11.0)
+    assert exploration_window_s(None, train, "iteration") is None   # resumed rollout: unmeasured
+    assert exploration_window_s(rollout, None, "train") is None
+    with pytest.raises(ValueError, match="'whole'"):
+        exploration_window_s(rollout, train, "whole")

@@ -49,6 +49,31 @@ def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
+def test_bench_convergence_quick_runs_three_modes_and_writes_contract_keys(tiny_yaml, tmp_path,
+                                                                           capsys):
+    """Three modes on the embedded cluster (2 iterations each): the contract keys, per-mode
+    curves, the plot, and τ measured where stale exploration met a rollout."""
+    out_json = tmp_path / "conv.json"
+    assert main(["bench", "convergence", "--quick", "--config", str(tiny_yaml),
+                 "--target", "2.0", "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    for key in ("target_val_reward", "time_to_target_s", "iterations_to_target",
+                "speedup_vs_vanilla", "speedup_vs_sync", "kendall_tau", "group_reward_std",
+                "budget_overrun_fraction", "val_curves"):
+        assert key in result, key
+    modes = ("vanilla", "sync", "spotlight")
+    assert set(result["val_curves"]) == set(modes) == set(result["group_reward_std"])
+    assert result["target_val_reward"] == 2.0   # unreachable: nobody gets there, no speedup
+    assert all(result["time_to_target_s"][m] is None for m in modes)
+    assert result["speedup_vs_vanilla"] is None and result["speedup_vs_sync"] is None
+    for mode in modes:   # base validation, then one per iteration (validation.every: 1)
+        assert [p["iteration"] for p in result["val_curves"][mode]] == [0, 1, 2]
+    assert result["kendall_tau"]["iterations"] <= 1   # only iteration 1 had stale candidates
+    assert (tmp_path / "conv.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert "spotlight iter   1" in out and "vanilla   iter   0" in out
+
+
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("grpo:\n  group_sise: 4\n")

@@ -57,6 +57,10 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
         assert set(row) <= set(seeds) and len(seeds) == tiny_run_config.exploration.candidates
     table = xr.open_zarr(store.url + "/rewards.zarr")
     assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
+    # exploration.window "iteration" (the default): iteration 1 was planned (and its exploration
+    # started) before iteration 0's rollout was recorded -- the spot worker is not idle during it.
+    assert (store.stage_record("iter-1/plan")["info"]["planned_at"]
+            < store.stage_record("iter-0/rollout")["info"]["task"]["start"])
 
 
 def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml, tmp_path):
@@ -66,7 +70,7 @@ def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml,
     # model trains in milliseconds, so here N is fixed and every iteration explores.
     overrides = {"planner.enabled": False, "fidelity.floor": 1.0, "fidelity.recover_margin": 0.0,
                  "fidelity.window": 1, "fidelity.min_iterations": 1, "fidelity.audit_every": 2,
-                 "fidelity.audit_candidates": 4}
+                 "fidelity.audit_candidates": 4, "exploration.window": "train"}
     with Session.from_config(tiny_run_yaml, store=str(tmp_path / "run"),
                              overrides=overrides) as session:
         history = session.run(4)
@@ -75,6 +79,9 @@ def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml,
     for k in range(1, 4):
         plan = store.stage_record(f"iter-{k}/plan")["info"]["plan"]
         assert (plan["candidates"], plan["prompts"]) == (6, 2) and "fixed" in plan["reason"]
+        # window "train": the next iteration is explored only once this one's rewards are in
+        assert (store.stage_record(f"iter-{k}/plan")["info"]["planned_at"]
+                > store.stage_record(f"iter-{k - 1}/reward")["info"]["task"]["end"])
     taus = history["kendall_tau"]
     assert taus.iloc[0] is None or np.isnan(taus.iloc[0])   # iteration 0 had no exploration
     for k in range(3):

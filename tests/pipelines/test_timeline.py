@@ -30,6 +30,8 @@ def test_overlap_fraction_exact():
     assert overlap_fraction(tasks) == pytest.approx(11.0 / 20.0, rel=1e-12)
     # the other way round: how much training was covered by exploration ([5, 18] of [10, 20])
     assert overlap_fraction(tasks, inner="train", outer="explore") == pytest.approx(0.8)
+    # several outer stages count as their union: [0, 20] holds 10 + 6 of the 20 s
+    assert overlap_fraction(tasks, outer=("rollout", "train")) == pytest.approx(16.0 / 20.0)
 
 
 def test_overlap_fraction_counts_overlapping_train_windows_once():
