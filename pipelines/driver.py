@@ -307,8 +307,9 @@ class Driver(ExplorationBook):
         audit = self.submit_audit(k) if spotlight and not self._done(k, "audit") else []
         explore_futures: list = []
         plan = None
+        explores = explore_next and spotlight
         early = cfg.exploration.window == "iteration"
-        if early and explore_next and spotlight:
+        if explores and early:
             plan, explore_futures = self._start_exploration(k)
 
         self._emit("stage_start", iteration=k, stage="rollout")
@@ -338,7 +339,7 @@ class Driver(ExplorationBook):
             self._emit("fidelity", iteration=k, decision=decision)
         if spotlight:
             self._record_plan_outcome(k, adv)
-        if not early and explore_next and spotlight:
+        if explores and not early:
             plan, explore_futures = self._start_exploration(k)
         if self._done(k, "train"):
             train_info = self._done(k, "train")["stats"]

@@ -17,6 +17,7 @@ from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.exploration import Selection
 from spotlight.exploration.fidelity import audit_due, audit_subset, grouped_kendall_tau
 from spotlight.exploration.planner import Plan, exploration_window_s
+from storage.manifest import stage_key
 
 
 class ExplorationBook:
@@ -73,26 +74,31 @@ class ExplorationBook:
             return Plan(**record["plan"])
         cfg = self.config
         rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
-        if not cfg.planner.enabled:
+        if cfg.planner.enabled:
+            slots = len(self.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
+            plan = self.planner.plan(iteration, len(self.prompts(iteration)), cfg.grpo.group_size,
+                                     slots, self._window_history(iteration - 1),
+                                     self._seconds_per_sample_step(iteration - 1), rollout_steps)
+        else:
             plan = Plan(iteration, cfg.exploration.candidates, rollout_steps,
                         len(self.prompts(iteration)), None, None, None, "fixed: planner off")
             self.planner.events.append({"kind": "plan", **asdict(plan)})
-            self._mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
-            return plan
-        slots = len(self.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
-        plan = self.planner.plan(iteration, len(self.prompts(iteration)), cfg.grpo.group_size,
-                                 slots, self._train_history(iteration - 1),
-                                 self._seconds_per_sample_step(iteration - 1), rollout_steps)
         self._mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
-        self._emit("plan", iteration=iteration, plan=plan)
+        if cfg.planner.enabled:
+            self._emit("plan", iteration=iteration, plan=plan)
         return plan
 
-    def _train_history(self, before: int) -> list[float]:
+    def _window_history(self, before: int) -> list[float]:
         """Measured exploration windows of the iterations before ``before``."""
+        stages = self.store.manifest.stages()   # one manifest read for every record below
+
+        def task(k: int, stage: str) -> dict | None:
+            record = stages.get(stage_key(tasks.stage_name(k, stage))) or {}
+            return record.get("info", {}).get("task")
+
         out = []
         for k in range(max(0, before - self.config.planner.train_time_window), before):
-            train, rollout = self._done(k, "train") or {}, self._done(k, "rollout") or {}
-            seconds = exploration_window_s(rollout.get("task"), train.get("task"),
+            seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
                                            self.config.exploration.window)
             if seconds is not None:
                 out.append(seconds)
