@@ -111,6 +111,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["time_budget_s"] = args.time_budget
     if args.target is not None:
         options["target"] = args.target
+    if args.seeds is not None:
+        options["seeds"] = args.seeds
     if args.trace is not None:
         options["trace"] = args.trace
     if args.time_scale is not None:
@@ -198,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
     p.add_argument("--target", type=float, default=None,
                    help="convergence: target validation reward (default: base + 0.05)")
+    p.add_argument("--seeds", type=int, default=None, metavar="K",
+                   help="convergence: run every mode under K run seeds; report medians")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="preemption: spot trace to replay (default: the shipped g4dn events)")
     p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",

@@ -180,8 +180,9 @@ class ExplorationConfig(Validated):
 
     candidates: int = spec(16, "Candidate seeds explored per prompt (N); the G most spread are kept.",
                            range=(2, 4096))
-    steps: int = spec(0, "Denoising steps of an exploration replay (M); 0 = the rollout's steps.",
-                      range=(0, 1000))
+    steps: int = spec(0, "Model evaluations of an exploration replay (M); 0 = the rollout's "
+                         "steps. Fewer keep the rollout's SDE window and compress the "
+                         "deterministic tail after it.", range=(0, 1000))
     request_batch: int = spec(8, "Candidates per exploration request (a fixed batch shape).",
                               range=(1, 4096))
     deadline: bool = spec(True, "Stop exploring when training ends (anytime); false waits for "
@@ -200,7 +201,10 @@ class PlannerConfig(Validated):
     enabled: bool = spec(True, "Plan N and M per iteration; false explores exploration.candidates "
                                "with the rollout's steps every iteration.")
     candidates: list = spec([8, 16, 32], "The N arms: candidate seeds per prompt.")
-    steps: list = spec([0], "The M arms: replay steps (0 = the rollout's steps).")
+    # Measured on the digits world (10 steps, SDE window 4): a 7-step replay ranks seeds at
+    # Kendall tau 0.89 against the full one, a 6-step replay at 0.78, for 70% / 60% of its cost.
+    steps: list = spec([0, 7, 6], "The M arms: model evaluations per replay (0 = the rollout's "
+                                  "steps; fewer compress the ODE tail after the SDE window).")
     gamma: float = spec(0.3, "UCB bonus weight: larger tries settings more, smaller exploits.",
                         range=(0.0, 10.0))
     budget_fraction: float = spec(0.9, "Share of the predicted exploration window a plan may fill.",

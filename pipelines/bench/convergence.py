@@ -5,7 +5,11 @@ before the rollout) and ``spotlight`` (stale-weight exploration on the spot work
 training runs) start from the same base model on the same embedded cluster shape (1 gpu + 1
 spot worker, one thread each) with the same seeds, and each runs until it reaches the target
 validation reward or its wall budget. The target defaults to the base model's validation
-reward plus ``--target-gain``.
+reward plus ``--target-gain``, measured before any mode runs so every mode stops there.
+
+One run per mode is one sample of a noisy process (which prompts come when, which noise): with
+``--seeds K`` every mode runs under run seeds ``seed .. seed + K - 1`` and the headline times
+and speedups are medians, with every seed's figures kept beside them.
 """
 from __future__ import annotations
 
@@ -15,15 +19,28 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipelines.bench import machine, register_bench
 from pipelines.session import Session
 from spotlight.config import RunConfig, load_config
-from spotlight.models.pretrain import pretrain
-from spotlight.rewards import build_reward
+from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.prompts import load_prompts
+from spotlight.rewards import build_reward, check_rewards
+from spotlight.rl.validation import validate
 
 MODES = ("vanilla", "sync", "spotlight")
 TASK_CONFIGS = {"ocr": "configs/digits.yaml", "geneval": "configs/digits-geneval.yaml"}
+
+
+def base_validation(config: RunConfig) -> float:
+    """The base model's validation reward: deterministic ODE samples on fixed seeds (not the run
+    seed's), so it is where every mode and every seed starts. Computed with the gpu workers'
+    thread count, so the floating-point sums match theirs."""
+    torch.set_num_threads(config.cluster.threads_per_worker)
+    prompts = load_prompts(config.world.val_prompts, config.world.task)
+    return validate(load_base_policy(config), prompts, build_reward(config.reward), check_rewards,
+                    config).mean_reward
 
 
 def run_until(config: RunConfig, mode: str, url: str, target: float | None, budget_s: float,
@@ -38,7 +55,8 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None, budg
         for _ in range(max_iterations):
             session.submit_iteration(max_iterations).result()
             last = session.results[-1]
-            print(f"{mode:9s} iter {last.iteration:3d} {time.monotonic() - started:6.0f}s "
+            print(f"{mode:9s} seed {cfg.seed} iter {last.iteration:3d} "
+                  f"{time.monotonic() - started:6.0f}s "
                   f"reward={last.reward_mean:.3f} group_std={last.group_reward_std:.3f}"
                   + (f" tau={last.kendall_tau:.2f}" if last.kendall_tau is not None else "")
                   + (f" val={last.val_reward:.3f}" if last.val_reward is not None else ""),
@@ -71,23 +89,40 @@ def _speedup(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def plot_convergence(runs: dict[str, dict], path: Path, title: str) -> Path:
+def median_time(times: list[float | None]) -> float | None:
+    """Median time to target over seeds; a seed that never got there counts as slower than any
+    that did, and a median that lands on one is None (not reached)."""
+    if not times:
+        return None
+    value = float(np.median([np.inf if t is None else t for t in times]))
+    return value if np.isfinite(value) else None
+
+
+def plot_convergence(runs: dict[str, list[dict]], target: float | None, path: Path,
+                     title: str) -> Path:
+    """Validation reward against wall time per mode (every seed), and τ over iterations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, run in runs.items():
-        curve = run["val_curve"]
-        left.plot([c["wall_s"] for c in curve], [c["val_reward"] for c in curve], marker="o",
-                  ms=3, label=mode)
-    if runs and (target := next(iter(runs.values())).get("target")) is not None:
+    for i, (mode, seeds) in enumerate(runs.items()):
+        for j, run in enumerate(seeds):
+            curve = run["val_curve"]
+            left.plot([c["wall_s"] for c in curve], [c["val_reward"] for c in curve],
+                      marker="o", ms=3 if j == 0 else 2, color=f"C{i}", alpha=1.0 if j == 0 else 0.4,
+                      label=mode if j == 0 else None)
+    if target is not None:
         left.axhline(target, color="grey", ls="--", lw=1, label="target")
-    left.set(xlabel="wall seconds", ylabel="validation reward", title="validation reward vs wall time")
+    left.set(xlabel="wall seconds", ylabel="validation reward",
+             title="validation reward vs wall time" + (" (faint: other seeds)"
+                                                         if any(len(r) > 1 for r in runs.values())
+                                                         else ""))
     left.legend()
-    spot = runs.get("spotlight", {})
-    right.plot(spot.get("tau_iterations", []), spot.get("kendall_tau", []), marker="o", ms=3)
+    for j, spot in enumerate(runs.get("spotlight", [])):
+        right.plot(spot["tau_iterations"], spot["kendall_tau"], marker="o", ms=3 if j == 0 else 2,
+                   color="C0", alpha=1.0 if j == 0 else 0.4)
     right.axhline(0, color="grey", lw=0.5)
     right.set(xlabel="iteration", ylabel="Kendall tau", ylim=(-1.05, 1.05),
               title="rank fidelity: stale exploration vs rollout")
@@ -101,10 +136,12 @@ def plot_convergence(runs: dict[str, dict], path: Path, title: str) -> Path:
 @register_bench("convergence")
 def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None = None,
                       time_budget_s: float | None = None, json_path: str | None = None,
-                      target: float | None = None, target_gain: float = 0.05,
+                      target: float | None = None, target_gain: float = 0.05, seeds: int = 1,
                       **_: object) -> dict:
     if task not in TASK_CONFIGS and config is None:
         raise ValueError(f"--task {task!r} is not known; choose one of {sorted(TASK_CONFIGS)}")
+    if seeds < 1:
+        raise ValueError(f"--seeds {seeds} must be at least 1 (run seeds per mode)")
     overrides: dict = {"validation.every": 3}
     max_iterations = 10**6
     if quick:
@@ -116,43 +153,54 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     cfg = load_config(config or TASK_CONFIGS[task], overrides)
     budget = time_budget_s or (60.0 if quick else 600.0)
     pretrain(cfg)
-    build_reward(cfg.reward)
+    base = base_validation(cfg)
+    goal = target if target is not None else base + target_gain
+    print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-convergence-"))
     started = time.monotonic()
-    runs: dict[str, dict] = {}
-    for mode in MODES:
-        goal = target
-        if goal is None and runs:
-            goal = next(iter(runs.values()))["target"]
-        run = run_until(cfg, mode, str(root / mode), goal if goal is not None else np.inf,
-                        budget, max_iterations)
-        if goal is None:   # the first mode measured the base model: the target follows from it
-            goal = run["base_val_reward"] + target_gain
-            first = [c for c in run["val_curve"][1:] if c["val_reward"] >= goal]
-            run["iterations_to_target"] = first[0]["iteration"] if first else None
-            run["time_to_target_s"] = first[0]["wall_s"] if first else None
-        run["target"] = goal
-        runs[mode] = run
-    t = {m: r["time_to_target_s"] for m, r in runs.items()}
-    taus = np.asarray(runs["spotlight"]["kendall_tau"], dtype=float)
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for offset in range(seeds):   # seed by seed, so an interrupted bench has whole comparisons
+        seeded = copy.deepcopy(cfg)
+        seeded.seed = cfg.seed + offset
+        for mode in MODES:
+            run = run_until(seeded, mode, str(root / f"{mode}-seed{seeded.seed}"), goal, budget,
+                            max_iterations)
+            runs[mode].append({"seed": seeded.seed, **run})
+    t = {m: median_time([r["time_to_target_s"] for r in rs]) for m, rs in runs.items()}
+    its = {m: median_time([r["iterations_to_target"] for r in rs]) for m, rs in runs.items()}
+    taus = np.asarray([x for r in runs["spotlight"] for x in r["kendall_tau"]], dtype=float)
     taus = taus[np.isfinite(taus)]
-    overruns = runs["spotlight"]["budget_overrun"]
+    overruns = [x for r in runs["spotlight"] for x in r["budget_overrun"]]
     png = Path(json_path).with_suffix(".png") if json_path else root / "convergence.png"
-    plot_convergence(runs, png, f"bench convergence: {cfg.world.task}")
+    plot_convergence(runs, goal, png, f"bench convergence: {cfg.world.task}, "
+                                      f"{seeds} seed{'s' if seeds > 1 else ''}")
+    per_seed = [{"seed": runs["vanilla"][i]["seed"],
+                 **{f"time_to_target_s_{m}": runs[m][i]["time_to_target_s"] for m in MODES},
+                 "speedup_vs_vanilla": _speedup(runs["vanilla"][i]["time_to_target_s"],
+                                                runs["spotlight"][i]["time_to_target_s"]),
+                 "speedup_vs_sync": _speedup(runs["sync"][i]["time_to_target_s"],
+                                             runs["spotlight"][i]["time_to_target_s"])}
+                for i in range(seeds)]
     return {
         "bench": "convergence", "task": cfg.world.task, "config": cfg.source,
-        "target_val_reward": runs["vanilla"]["target"],
+        "base_val_reward": base, "target_val_reward": goal, "seeds": seeds,
         "time_to_target_s": t,
-        "iterations_to_target": {m: r["iterations_to_target"] for m, r in runs.items()},
+        "iterations_to_target": {m: (int(v) if v is not None and float(v).is_integer() else v)
+                                 for m, v in its.items()},
         "speedup_vs_vanilla": _speedup(t["vanilla"], t["spotlight"]),
         "speedup_vs_sync": _speedup(t["sync"], t["spotlight"]),
+        "per_seed": per_seed,
         "kendall_tau": {"median": float(np.median(taus)) if len(taus) else None,
                         "p10": float(np.percentile(taus, 10)) if len(taus) else None,
                         "iterations": len(taus)},
-        "group_reward_std": {m: r["group_reward_std"] for m, r in runs.items()},
+        "group_reward_std": {m: float(np.mean([r["group_reward_std"] for r in rs]))
+                             for m, rs in runs.items()},
         "budget_overrun_fraction": float(np.mean(overruns)) if overruns else None,
-        "val_curves": {m: r["val_curve"] for m, r in runs.items()},
-        "fallback_iterations": runs["spotlight"]["fallback_iterations"],
+        "val_curves": {m: rs[0]["val_curve"] for m, rs in runs.items()},
+        "val_curves_by_seed": {m: {str(r["seed"]): r["val_curve"] for r in rs}
+                               for m, rs in runs.items()},
+        "fallback_iterations": {str(r["seed"]): r["fallback_iterations"]
+                                for r in runs["spotlight"]},
         "wall_budget_s": budget, "png": str(png), "runs": str(root),
         "wall_s": time.monotonic() - started, "machine": machine(),
     }

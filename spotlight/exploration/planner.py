@@ -70,7 +70,10 @@ class ExplorationPlanner:
         self.events: list[dict] = []
 
     def _steps(self, arm: int, rollout_steps: int) -> int:
-        return self.arms[arm][1] or rollout_steps
+        """An arm's replay steps: 0 and anything past the rollout's own count mean the rollout's
+        steps (a replay longer than the rollout would cost more and rank no better)."""
+        m = self.arms[arm][1]
+        return min(m, rollout_steps) if m else rollout_steps
 
     def _mean(self, arm: int) -> float:
         return self.payoff_sum[arm] / self.pulls[arm] / max(self.best_raw, 1e-12)

@@ -109,3 +109,10 @@ def test_exploration_window_is_training_or_rollout_to_training_end():
     assert exploration_window_s(rollout, None, "train") is None
     with pytest.raises(ValueError, match="'whole'"):
         exploration_window_s(rollout, train, "whole")
+
+
+def test_replay_steps_past_the_rollouts_mean_the_rollouts_own():
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16], steps=[12, 6]))
+    first = planner.plan(0, PROMPTS, GROUP, 1, [], None, ROLLOUT_STEPS)
+    assert first.steps == 6   # cold start: the cheapest arm, the 6-step replay
+    assert planner._steps(planner.arms.index((16, 12)), ROLLOUT_STEPS) == ROLLOUT_STEPS

@@ -71,7 +71,9 @@ def test_bench_convergence_quick_runs_three_modes_and_writes_contract_keys(tiny_
     assert result["kendall_tau"]["iterations"] <= 1   # only iteration 1 had stale candidates
     assert (tmp_path / "conv.png").stat().st_size > 0
     out = capsys.readouterr().out
-    assert "spotlight iter   1" in out and "vanilla   iter   0" in out
+    assert "spotlight seed 0 iter   1" in out and "vanilla   seed 0 iter   0" in out
+    assert result["seeds"] == 1 and [s["seed"] for s in result["per_seed"]] == [0]
+    assert result["base_val_reward"] == result["val_curves"]["vanilla"][0]["val_reward"]
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):

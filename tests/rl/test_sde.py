@@ -6,7 +6,8 @@ import torch
 from spotlight.config import SamplerConfig
 from spotlight.models.policy import DigitsPolicy
 from spotlight.rl.noise import SampleKey, batch_noise
-from spotlight.rl.sampler import sample, step_kinds, trainable_steps, transition_distribution
+from spotlight.rl.sampler import (sample, step_grid, step_kinds, trainable_steps,
+                                   transition_distribution)
 from spotlight.rl.sde import (cps_step, flow_sde_step, gaussian_log_prob, kl_to_reference,
                               ode_step, sigma_schedule)
 
@@ -112,3 +113,24 @@ def test_sde_window_limits_stochastic_and_trained_steps():
 def test_sigma_schedule_runs_from_noise_to_data():
     s = sigma_schedule(10, shift=3.0)
     assert s[0] == 1.0 and s[-1] == 0.0 and bool((s[1:] < s[:-1]).all())
+
+
+def test_a_shorter_replay_keeps_the_sde_window_and_compresses_only_the_tail(policy):
+    config = SamplerConfig(num_steps=8, sde_window_start=0, sde_window_size=3)
+    full, short = step_grid(config), step_grid(config, num_steps=5)
+    assert torch.equal(short.sigmas[:4], full.sigmas[:4]) and short.sigmas[-1] == 0.0
+    assert len(short.sigmas) == 6 and bool((short.sigmas[1:] < short.sigmas[:-1]).all())
+    assert short.kinds == ["flow"] * 3 + ["ode"] * 2 and short.trainable == [0, 1, 2]
+    prompts = ['a sign that says "12"', 'a sign that says "98"']
+    rollout = sample(policy, prompts, keys(2), config)
+    replay = sample(policy, prompts, keys(2), config, num_steps=5)
+    # Every step a seed decides is the rollout's own, bit for bit; only the tail differs.
+    assert torch.equal(replay.latents[:, :4], rollout.latents[:, :4])
+    assert replay.latents.shape[1] == 6 and not torch.equal(replay.final, rollout.final)
+
+
+def test_a_replay_too_short_for_the_window_coarsens_the_whole_grid():
+    config = SamplerConfig(num_steps=8, sde_window_start=0, sde_window_size=4)
+    coarse = step_grid(config, num_steps=4)
+    assert torch.allclose(coarse.sigmas, sigma_schedule(4)) and coarse.kinds == ["flow"] * 4
+    assert step_grid(config, num_steps=8).kinds == step_kinds(config)
