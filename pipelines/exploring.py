@@ -146,10 +146,13 @@ class ExplorationBook:
         for i, c in picks:
             by_prompt.setdefault(explored[i], []).append(c)
         prompts = self.prompts(k)
+        # The same replay steps as the stale exploration, so the audit isolates staleness.
+        plan = self._done(k, "plan")
+        steps = plan["plan"]["steps"] if plan is not None else None
         requests = [RequestSpec(tasks.explore_request(p, 0), tasks.explore_task,
                                 (self.config, self.store, k, p, prompts[p],
                                  np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
-                                 "audit"),
+                                 "audit", steps),
                                 tasks.stage_name(k, "audit"), tasks.explore_request(p, 0))
                     for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
         return self.dispatch(requests, SPOT, "audit") if requests else []
