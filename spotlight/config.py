@@ -158,6 +158,12 @@ class GRPOConfig(Validated):
     timestep_fraction: float = spec(1.0, "Fraction of SDE steps trained per sample.",
                                     range=(0.01, 1.0))
     global_std: bool = spec(False, "Normalise advantages by the batch std instead of per prompt.")
+    lr_decay_iterations: int = spec(0, "Decay the learning rate linearly to lr x lr_min_fraction "
+                                       "over this many iterations, then hold it (0: constant). "
+                                       "For time-budgeted runs, whose late steps mostly add noise.",
+                                    range=(0, 10**7))
+    lr_min_fraction: float = spec(0.1, "Where the decay ends, as a fraction of lr.",
+                                  range=(0.0, 1.0))
     inner_epochs: int = spec(1, "Passes over each rollout batch.", range=(1, 100))
     micro_batch: int = spec(64, "Samples per backward pass.", range=(1, 4096))
     max_grad_norm: float = spec(1.0, "Gradient clipping norm.", range=(1e-3, 1e6))

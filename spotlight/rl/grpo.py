@@ -38,6 +38,15 @@ def group_advantages(rewards: np.ndarray, *, global_std: bool = False, clip: flo
     return Advantages(values, kept, group_std)
 
 
+def learning_rate(lr: float, iteration: int, decay_iterations: int, min_fraction: float) -> float:
+    """Iteration ``iteration``'s learning rate: ``lr`` decayed linearly to ``lr * min_fraction``
+    over ``decay_iterations`` (0: constant), then held there."""
+    if decay_iterations <= 0:
+        return lr
+    progress = min(iteration / decay_iterations, 1.0)
+    return lr * (1.0 - (1.0 - min_fraction) * progress)
+
+
 def ppo_clipped_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                      clip_range: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-sample PPO-clip loss (to minimise) and diagnostics (clip fraction, approx KL)."""

@@ -14,7 +14,7 @@ import torch
 
 from spotlight.config import RunConfig
 from spotlight.models.prompts import Prompt
-from spotlight.rl.grpo import Advantages, group_advantages, ppo_clipped_loss
+from spotlight.rl.grpo import Advantages, group_advantages, learning_rate, ppo_clipped_loss
 from spotlight.rl.noise import SampleKey, derive_seed, prompt_id
 from spotlight.rl.sampler import Trajectory, sample, transition_distribution
 from spotlight.rl.sde import gaussian_log_prob, kl_to_reference
@@ -124,6 +124,10 @@ class FlowGRPO:
         if not kept.any() or not steps:
             return totals
         traj, updates = rollout.trajectory, 0
+        # Set every iteration (not stepped by a scheduler), so a resumed run gets the same rate.
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(grpo.lr, iteration, grpo.lr_decay_iterations,
+                                        grpo.lr_min_fraction)
         rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 53))
         self.policy.train()
         for _ in range(grpo.inner_epochs):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.rl.grpo import group_advantages, ppo_clipped_loss
+from spotlight.rl.grpo import group_advantages, learning_rate, ppo_clipped_loss
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from spotlight.models.prompts import Prompt
 
@@ -50,3 +50,13 @@ def test_iteration_prompts_cycle_through_the_file_deterministically():
     assert iteration_prompts(prompts, 3, 2, 0) == iteration_prompts(prompts, 3, 2, 0)
     assert (random_seeds(0, 1, 2, 3) == random_seeds(0, 1, 2, 3)).all()
     assert not (random_seeds(0, 1, 2, 3) == random_seeds(0, 2, 2, 3)).all()
+
+
+def test_learning_rate_decays_linearly_then_holds():
+    assert learning_rate(2e-4, 37, 0, 0.1) == 2e-4                  # no decay configured
+    assert learning_rate(2e-4, 0, 50, 0.1) == pytest.approx(2e-4)
+    assert learning_rate(2e-4, 25, 50, 0.1) == pytest.approx(1.1e-4)  # halfway to 0.2e-4
+    assert learning_rate(2e-4, 50, 50, 0.1) == pytest.approx(0.2e-4)
+    assert learning_rate(2e-4, 500, 50, 0.1) == pytest.approx(0.2e-4)
+    rates = [learning_rate(1.0, k, 10, 0.0) for k in range(12)]
+    assert all(a > b for a, b in zip(rates[:10], rates[1:11])) and rates[10] == rates[11] == 0.0

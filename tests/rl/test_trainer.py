@@ -71,3 +71,13 @@ def test_non_finite_rewards_are_refused_before_any_update(tiny_config, bad):
     with pytest.raises(ValueError, match=r"rollout: rewards of samples \[3:"):
         trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+
+def test_the_decayed_learning_rate_is_the_one_the_optimizer_steps_with(trainer):
+    trainer.config.grpo.lr_decay_iterations, trainer.config.grpo.lr_min_fraction = 4, 0.25
+    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
+    seen = []
+    for k in (0, 2, 6):
+        trainer.iteration(k, prompts, random_seeds(0, k, 2, 4))
+        seen.append(trainer.optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx([3e-3, 3e-3 * 0.625, 3e-3 * 0.25])
