@@ -77,14 +77,15 @@ def step_grid(config: SamplerConfig, num_steps: int | None = None, mode: str = "
     """
     steps = num_steps or config.num_steps
     end = sde_window_end(config)
-    if steps != config.num_steps and not end < steps < config.num_steps:
+    compressed_tail = end < steps < config.num_steps
+    if steps != config.num_steps and not compressed_tail:   # coarsen the whole grid
         config = SamplerConfig(**{**config.__dict__, "num_steps": steps,
                                   "sde_window_start": min(config.sde_window_start, steps - 1),
                                   "sde_window_size": min(config.sde_window_size, steps)})
     sigmas = sigma_schedule(config.num_steps, config.shift)
     kinds = step_kinds(config) if mode == "sde" else ["ode"] * config.num_steps
     trainable = trainable_steps(config, mode)
-    if steps < config.num_steps:   # the compressed tail: same window, fewer ODE steps after it
+    if compressed_tail:   # the rollout's grid through the window, fewer ODE steps after it
         tail = torch.linspace(float(sigmas[end]), 0.0, steps - end + 1)[1:]
         sigmas = torch.cat([sigmas[:end + 1], tail.to(sigmas.dtype)])
         kinds = kinds[:end] + ["ode"] * (steps - end)
