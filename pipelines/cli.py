@@ -117,6 +117,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["trace"] = args.trace
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
+    if args.set or args.modes:
+        if args.name != "convergence":
+            print("error: --set and --modes apply to 'bench convergence' only; the other "
+                  "benchmarks measure their documented settings", file=sys.stderr)
+            return 2
+        options["overrides"] = dict(parse_override(item) for item in (args.set or []))
+        if args.modes:
+            options["modes"] = [m.strip() for m in args.modes.split(",") if m.strip()]
     result = BENCHES[args.name](**options)
     print(write_result(result, args.json))
     return 0
@@ -202,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="convergence: target validation reward (default: base + 0.05)")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
                    help="convergence: run every mode under K run seeds; report medians")
+    p.add_argument("--modes", default=None, metavar="M1,M2",
+                   help="convergence: the modes to run (default: vanilla,sync,spotlight)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="convergence: override a config value for every mode (repeatable)")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="preemption: spot trace to replay (default: the shipped g4dn events)")
     p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",

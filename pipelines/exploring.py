@@ -188,6 +188,8 @@ class ExplorationBook:
         random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
                                    or [0.0]))
         actual = sum(t["end"] - t["start"] for t in stale["tasks"])
-        self.planner.record(Plan(**record["plan"]), actual, float(np.mean(adv["group_std"])),
-                            random_std)
+        plan = Plan(**record["plan"])
+        window = self._window_history(k)[-1:]   # the newest measured: k-1 explored k
+        billed = window[0] * plan.slots if window and plan.slots else None
+        self.planner.record(plan, actual, float(np.mean(adv["group_std"])), random_std, billed)
 

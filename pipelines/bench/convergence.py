@@ -59,6 +59,8 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None, budg
                   f"{time.monotonic() - started:6.0f}s "
                   f"reward={last.reward_mean:.3f} group_std={last.group_reward_std:.3f}"
                   + (f" tau={last.kendall_tau:.2f}" if last.kendall_tau is not None else "")
+                  + (f" plan={last.plan_candidates}x{last.plan_steps}"
+                     f" explored={last.explored}/{last.planned}" if last.planned else "")
                   + (f" val={last.val_reward:.3f}" if last.val_reward is not None else ""),
                   flush=True)
             if target is not None and last.val_reward is not None and last.val_reward >= target:
@@ -137,12 +139,18 @@ def plot_convergence(runs: dict[str, list[dict]], target: float | None, path: Pa
 def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None = None,
                       time_budget_s: float | None = None, json_path: str | None = None,
                       target: float | None = None, target_gain: float = 0.05, seeds: int = 1,
+                      overrides: dict | None = None, modes: list[str] | None = None,
                       **_: object) -> dict:
     if task not in TASK_CONFIGS and config is None:
         raise ValueError(f"--task {task!r} is not known; choose one of {sorted(TASK_CONFIGS)}")
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be at least 1 (run seeds per mode)")
-    overrides: dict = {"validation.every": 3}
+    modes = tuple(modes or MODES)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or len(set(modes)) != len(modes):
+        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)}")
+    settings = dict(overrides or {})
+    overrides = {"validation.every": 3}
     max_iterations = 10**6
     if quick:
         overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
@@ -150,6 +158,7 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
                           "validation.every": 1, "exploration.candidates": 8,
                           "exploration.request_batch": 4})
         max_iterations = 2
+    overrides.update(settings)   # the caller's --set values win over the bench's own
     cfg = load_config(config or TASK_CONFIGS[task], overrides)
     budget = time_budget_s or (60.0 if quick else 600.0)
     pretrain(cfg)
@@ -158,28 +167,31 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-convergence-"))
     started = time.monotonic()
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for offset in range(seeds):   # seed by seed, so an interrupted bench has whole comparisons
         seeded = copy.deepcopy(cfg)
         seeded.seed = cfg.seed + offset
-        for mode in MODES:
+        for mode in modes:
             run = run_until(seeded, mode, str(root / f"{mode}-seed{seeded.seed}"), goal, budget,
                             max_iterations)
             runs[mode].append({"seed": seeded.seed, **run})
     t = {m: median_time([r["time_to_target_s"] for r in rs]) for m, rs in runs.items()}
     its = {m: median_time([r["iterations_to_target"] for r in rs]) for m, rs in runs.items()}
-    taus = np.asarray([x for r in runs["spotlight"] for x in r["kendall_tau"]], dtype=float)
+    spot_runs = runs.get("spotlight", [])
+    taus = np.asarray([x for r in spot_runs for x in r["kendall_tau"]], dtype=float)
     taus = taus[np.isfinite(taus)]
-    overruns = [x for r in runs["spotlight"] for x in r["budget_overrun"]]
+    overruns = [x for r in spot_runs for x in r["budget_overrun"]]
     png = Path(json_path).with_suffix(".png") if json_path else root / "convergence.png"
     plot_convergence(runs, goal, png, f"bench convergence: {cfg.world.task}, "
                                       f"{seeds} seed{'s' if seeds > 1 else ''}")
-    per_seed = [{"seed": runs["vanilla"][i]["seed"],
-                 **{f"time_to_target_s_{m}": runs[m][i]["time_to_target_s"] for m in MODES},
-                 "speedup_vs_vanilla": _speedup(runs["vanilla"][i]["time_to_target_s"],
-                                                runs["spotlight"][i]["time_to_target_s"]),
-                 "speedup_vs_sync": _speedup(runs["sync"][i]["time_to_target_s"],
-                                             runs["spotlight"][i]["time_to_target_s"])}
+
+    def seed_time(mode: str, i: int) -> float | None:
+        return runs[mode][i]["time_to_target_s"] if mode in runs else None
+
+    per_seed = [{"seed": cfg.seed + i,
+                 **{f"time_to_target_s_{m}": seed_time(m, i) for m in modes},
+                 "speedup_vs_vanilla": _speedup(seed_time("vanilla", i), seed_time("spotlight", i)),
+                 "speedup_vs_sync": _speedup(seed_time("sync", i), seed_time("spotlight", i))}
                 for i in range(seeds)]
     return {
         "bench": "convergence", "task": cfg.world.task, "config": cfg.source,
@@ -187,8 +199,9 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
         "time_to_target_s": t,
         "iterations_to_target": {m: (int(v) if v is not None and float(v).is_integer() else v)
                                  for m, v in its.items()},
-        "speedup_vs_vanilla": _speedup(t["vanilla"], t["spotlight"]),
-        "speedup_vs_sync": _speedup(t["sync"], t["spotlight"]),
+        "modes": list(modes), "overrides": settings,
+        "speedup_vs_vanilla": _speedup(t.get("vanilla"), t.get("spotlight")),
+        "speedup_vs_sync": _speedup(t.get("sync"), t.get("spotlight")),
         "per_seed": per_seed,
         "kendall_tau": {"median": float(np.median(taus)) if len(taus) else None,
                         "p10": float(np.percentile(taus, 10)) if len(taus) else None,
@@ -200,7 +213,7 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
         "val_curves_by_seed": {m: {str(r["seed"]): r["val_curve"] for r in rs}
                                for m, rs in runs.items()},
         "fallback_iterations": {str(r["seed"]): r["fallback_iterations"]
-                                for r in runs["spotlight"]},
+                                for r in spot_runs},
         "wall_budget_s": budget, "png": str(png), "runs": str(root),
         "wall_s": time.monotonic() - started, "machine": machine(),
     }

@@ -226,7 +226,9 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     trace_path = Path(trace) if trace else default_trace()
     overrides = {"planner.enabled": False, "exploration.deadline": False,
                  "cluster.spot_workers": 2, "cluster.dashboard": False,
-                 "validation.every": 1000, "fidelity.audit_every": 3}
+                 "validation.every": 1000, "fidelity.audit_every": 3,
+                 # Many small requests (two per prompt): more of them in flight to preempt.
+                 "exploration.request_batch": 8}
     if quick:
         overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
                           "grpo.micro_batch": 16, "validation.max_prompts": 8,

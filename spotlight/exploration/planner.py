@@ -10,7 +10,7 @@ spread of random seeds, minus one — per spot-second spent.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from spotlight.config import PlannerConfig
 
@@ -55,6 +55,7 @@ class Plan:
     budget_s: float | None
     arm: int | None
     reason: str
+    slots: int = 0              # spot slots alive when it was planned
 
 
 class ExplorationPlanner:
@@ -111,6 +112,7 @@ class ExplorationPlanner:
             else:
                 plan = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
                                     min(self._steps(a, rollout_steps) for a in useful))
+        plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
 
@@ -137,15 +139,22 @@ class ExplorationPlanner:
         return Plan(iteration, candidates, steps, fit, per_prompt * fit, budget, None,
                     f"over budget: {candidates} candidates on {fit} of {prompts} prompts")
 
-    def record(self, plan: Plan, actual_s: float, selected_std: float, random_std: float) -> None:
-        """Pay the plan's arm: the spread gained over random seeds per spot-second spent.
+    def record(self, plan: Plan, actual_s: float, selected_std: float, random_std: float,
+               billed_s: float | None = None) -> None:
+        """Pay the plan's arm: the spread gained over random seeds per spot-second.
 
-        The gain counts from 1 (no better than random = no payoff), or every setting's payoff
-        would be dominated by its cost and the cheapest would always win.
+        The spot-seconds are those billed for the exploration window (``billed_s``; payoff
+        ``billed``) or those exploration computed (``actual_s``; payoff ``busy``). Billed time
+        is the same whichever setting ran, so under it the best spread that fits wins; busy
+        time favours cheap settings and leaves paid-for spot time idle. The gain counts from 1
+        (no better than random = no payoff), or every setting's payoff would be dominated by
+        its cost and the cheapest would always win.
         """
-        raw = (spread_gain(selected_std, random_std) - 1.0) / max(actual_s, 1e-6)
+        spent = billed_s if self.config.payoff == "billed" and billed_s else actual_s
+        raw = (spread_gain(selected_std, random_std) - 1.0) / max(spent, 1e-6)
         self.events.append({"kind": "outcome", "iteration": plan.iteration, "arm": plan.arm,
                             "predicted_s": plan.predicted_s, "actual_s": actual_s,
+                            "billed_s": billed_s,
                             "selected_std": selected_std, "random_std": random_std,
                             "payoff": raw})
         if plan.arm is None:

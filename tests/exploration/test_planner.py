@@ -19,12 +19,15 @@ def _simulate(planner: ExplorationPlanner, iterations: int, seed: int, true_gain
     for k in range(iterations):
         train_s = float(4.0 + 2.0 * np.sin(k / 15) + rng.normal(0, 0.3))
         rate = float(0.003 * rng.uniform(0.8, 1.2))
-        plan = planner.plan(k, PROMPTS, GROUP, slots(rng), list(train_history), rate, ROLLOUT_STEPS)
+        spot_slots = slots(rng)
+        plan = planner.plan(k, PROMPTS, GROUP, spot_slots, list(train_history), rate, ROLLOUT_STEPS)
         plans.append(plan)
         if plan.candidates and plan.arm is not None:
             actual = plan_cost(plan.prompts, plan.candidates, plan.steps, rate)
             gain = true_gain[plan.candidates] + rng.normal(0, 0.02)
-            planner.record(plan, actual, selected_std=0.2 * gain, random_std=0.2)
+            # The slots were billed for the whole window, whatever the plan computed in it.
+            planner.record(plan, actual, selected_std=0.2 * gain, random_std=0.2,
+                           billed_s=train_s * spot_slots)
         train_history.append(train_s)
     return plans
 
@@ -42,12 +45,28 @@ def test_never_plans_past_the_budget_on_a_simulated_clock():
 
 def test_ucb_settles_on_the_best_affordable_setting():
     # Every arm fits (cheap steps, generous training time); 16 candidates pays best per second.
-    planner = ExplorationPlanner(PlannerConfig(candidates=[8, 16, 32], steps=[0], gamma=0.1))
-    # Gain over random per spot-second: 8 -> 0.05/c, 16 -> 0.6/2c, 32 -> 0.7/4c: 16 wins.
+    planner = ExplorationPlanner(PlannerConfig(candidates=[8, 16, 32], steps=[0], gamma=0.1,
+                                               payoff="busy"))
+    # Gain over random per busy spot-second: 8 -> 0.05/c, 16 -> 0.6/2c, 32 -> 0.7/4c: 16 wins.
     gain = {8: 1.05, 16: 1.6, 32: 1.7}
     plans = _simulate(planner, 150, seed=2, true_gain=gain, slots=lambda rng: 2)
     late = [p.candidates for p in plans[-50:]]
     assert late.count(16) >= 40
+
+
+def test_billed_payoff_settles_on_the_largest_spread_that_fits():
+    """Every arm fits (16 slots). Paid per busy spot-second the cheap 16 candidates win; paid
+    per billed spot-second (the window, whatever ran in it) idle paid-for time earns nothing,
+    so the setting with the most spread wins."""
+    gain = {8: 1.05, 16: 1.6, 32: 1.7}
+    late = {}
+    for payoff in ("busy", "billed"):
+        planner = ExplorationPlanner(PlannerConfig(candidates=[8, 16, 32], steps=[0], gamma=0.1,
+                                                   payoff=payoff))
+        plans = _simulate(planner, 150, seed=2, true_gain=gain, slots=lambda rng: 16)
+        assert all(p.predicted_s <= p.budget_s + 1e-9 for p in plans if p.budget_s)
+        late[payoff] = [p.candidates for p in plans[-50:]]
+    assert late["busy"].count(16) >= 40 and late["billed"].count(32) >= 40
 
 
 def test_cold_start_no_slots_and_shrinking():
@@ -69,7 +88,7 @@ def test_cold_start_no_slots_and_shrinking():
 
 
 def test_deterministic_and_resumable():
-    gain = {8: 1.1, 16: 1.3, 32: 1.4}
+    gain = {8: 1.1, 16: 1.3, 24: 1.35, 32: 1.4}
     a = _simulate(ExplorationPlanner(PlannerConfig()), 60, seed=4, true_gain=gain)
     b = _simulate(ExplorationPlanner(PlannerConfig()), 60, seed=4, true_gain=gain)
     assert a == b

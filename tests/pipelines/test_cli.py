@@ -1,5 +1,6 @@
 """End-to-end through the real console entry point, on a tiny config (same code paths)."""
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -74,6 +75,19 @@ def test_bench_convergence_quick_runs_three_modes_and_writes_contract_keys(tiny_
     assert "spotlight seed 0 iter   1" in out and "vanilla   seed 0 iter   0" in out
     assert result["seeds"] == 1 and [s["seed"] for s in result["per_seed"]] == [0]
     assert result["base_val_reward"] == result["val_curves"]["vanilla"][0]["val_reward"]
+
+
+def test_bench_convergence_runs_only_the_asked_modes_with_the_asked_settings(tiny_yaml,
+                                                                            tmp_path):
+    out_json = tmp_path / "conv.json"
+    assert main(["bench", "convergence", "--quick", "--config", str(tiny_yaml), "--target", "2.0",
+                 "--modes", "vanilla", "--set", "grpo.lr=0.0001", "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["modes"] == ["vanilla"] and set(result["val_curves"]) == {"vanilla"}
+    assert result["overrides"] == {"grpo.lr": 1e-4}
+    assert result["speedup_vs_vanilla"] is None and result["kendall_tau"]["iterations"] == 0
+    manifest = json.loads((Path(result["runs"]) / "vanilla-seed0" / "manifest.json").read_text())
+    assert manifest["run"]["config"]["grpo"]["lr"] == 1e-4
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):
