@@ -34,6 +34,7 @@ from spotlight.exploration.planner import ExplorationPlanner
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from storage import RunStore
+from storage.manifest import stage_key
 
 EventFn = Callable[[str, dict], None]
 
@@ -128,14 +129,19 @@ class Driver(ExplorationBook):
 
     def _restored_planning(self) -> tuple[ExplorationPlanner, RankFidelityMonitor]:
         """Planner and fidelity monitor as the last recorded iteration left them."""
-        k, last = 0, None
-        while (record := self._done(k, "iteration")) is not None:
-            last, k = record, k + 1
-        if last is None or "planner" not in last:
+        stages = self.store.manifest.stages()   # one read, however long the run
+        k = 0
+        while stage_key(tasks.stage_name(k, "iteration")) in stages:
+            k += 1
+        if k == 0:
             return (ExplorationPlanner(self.config.planner),
                     RankFidelityMonitor(self.config.fidelity))
-        return (ExplorationPlanner.from_dict(self.config.planner, last["planner"]),
-                RankFidelityMonitor.from_dict(self.config.fidelity, last["monitor"]))
+        record = stages[stage_key(tasks.stage_name(k - 1, "iteration"))]["info"]
+        # Runs recorded before the planning state left the manifest keep it in the record.
+        state = record if "planner" in record else \
+            self.store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
+        return (ExplorationPlanner.from_dict(self.config.planner, state["planner"]),
+                RankFidelityMonitor.from_dict(self.config.fidelity, state["monitor"]))
 
     # --- helpers --------------------------------------------------------------------------------
     def _submit(self, fn, *args, resource: str, name: str, **kwargs):
@@ -238,7 +244,14 @@ class Driver(ExplorationBook):
         fresh = random_seeds(self.config.seed, iteration, len(per_prompt), grpo.group_size)
         selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
                                  grpo.group_size, fresh)
-        self._mark(iteration, "selection", {"source": source, "selection": selection.to_record()})
+        return self._record_selection(iteration, selection, source)
+
+    def _record_selection(self, iteration: int, selection: Selection, source: str) -> Selection:
+        """The seeds go to the run store and only their source to the manifest: every stage
+        record rewrites the whole manifest, so what grows with the run stays out of it."""
+        self.store.put_json(tasks.stage_name(iteration, "selection"), "selection",
+                            selection.to_record())
+        self._mark(iteration, "selection", {"source": source})
         return selection
 
     def _stale_candidates(self, iteration: int) -> dict | None:
@@ -254,7 +267,8 @@ class Driver(ExplorationBook):
         """
         record = self._done(iteration, "selection")
         if record is not None:
-            return Selection.from_record(record["selection"])
+            return Selection.from_record(record.get("selection") or self.store.get_json(
+                tasks.stage_name(iteration, "selection"), "selection"))
         grpo, cfg = self.config.grpo, self.config
         fallback = self.mode == "spotlight" and self.monitor.state == "fallback"
         if self.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
@@ -276,8 +290,7 @@ class Driver(ExplorationBook):
         seeds = random_seeds(cfg.seed, iteration, grpo.prompts_per_iteration, grpo.group_size)
         selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
                               np.full(seeds.shape, np.nan))
-        self._mark(iteration, "selection", {"source": "random", "selection": selection.to_record()})
-        return selection
+        return self._record_selection(iteration, selection, "random")
 
     def _start_exploration(self, k: int) -> tuple:
         """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
@@ -402,10 +415,10 @@ class Driver(ExplorationBook):
             preemptions=preemptions)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": records, "train_end": train_end})
+        self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
+                            {"planner": self.planner.to_dict(), "monitor": self.monitor.to_dict()})
         self.flush_events(f"iter-{k:06d}")
-        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict(),
-                                    "planner": self.planner.to_dict(),
-                                    "monitor": self.monitor.to_dict()})
+        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
         self._emit("iteration_done", iteration=k, result=result)
         return result
 

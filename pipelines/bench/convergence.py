@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.bench import machine, register_bench
+from pipelines.bench import machine, register_bench, write_result
 from pipelines.session import Session
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import load_base_policy, pretrain
@@ -168,6 +168,11 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-convergence-"))
     started = time.monotonic()
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    png = Path(json_path).with_suffix(".png") if json_path else root / "convergence.png"
+    facts = {"task": cfg.world.task, "config": cfg.source, "base_val_reward": base,
+             "target_val_reward": goal, "seeds_asked": seeds, "modes": list(modes),
+             "overrides": settings, "wall_budget_s": budget, "png": str(png), "runs": str(root)}
+    result: dict = {}
     for offset in range(seeds):   # seed by seed, so an interrupted bench has whole comparisons
         seeded = copy.deepcopy(cfg)
         seeded.seed = cfg.seed + offset
@@ -175,31 +180,39 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
             run = run_until(seeded, mode, str(root / f"{mode}-seed{seeded.seed}"), goal, budget,
                             max_iterations)
             runs[mode].append({"seed": seeded.seed, **run})
+        result = summarize(runs, facts, started, png)
+        if json_path and offset + 1 < seeds:   # the seeds so far, should the bench be cut short
+            write_result(result, json_path)
+    return result
+
+
+def summarize(runs: dict[str, list[dict]], facts: dict, started: float, png: Path) -> dict:
+    """The contract keys over the seeds every mode has finished; draws the PNG."""
+    modes, seeds = facts["modes"], min(len(rs) for rs in runs.values())
+    runs = {m: rs[:seeds] for m, rs in runs.items()}
+    first_seed = runs[modes[0]][0]["seed"]
     t = {m: median_time([r["time_to_target_s"] for r in rs]) for m, rs in runs.items()}
     its = {m: median_time([r["iterations_to_target"] for r in rs]) for m, rs in runs.items()}
     spot_runs = runs.get("spotlight", [])
     taus = np.asarray([x for r in spot_runs for x in r["kendall_tau"]], dtype=float)
     taus = taus[np.isfinite(taus)]
     overruns = [x for r in spot_runs for x in r["budget_overrun"]]
-    png = Path(json_path).with_suffix(".png") if json_path else root / "convergence.png"
-    plot_convergence(runs, goal, png, f"bench convergence: {cfg.world.task}, "
-                                      f"{seeds} seed{'s' if seeds > 1 else ''}")
+    plot_convergence(runs, facts["target_val_reward"], png,
+                     f"bench convergence: {facts['task']}, {seeds} seed{'s' if seeds > 1 else ''}")
 
     def seed_time(mode: str, i: int) -> float | None:
         return runs[mode][i]["time_to_target_s"] if mode in runs else None
 
-    per_seed = [{"seed": cfg.seed + i,
+    per_seed = [{"seed": first_seed + i,
                  **{f"time_to_target_s_{m}": seed_time(m, i) for m in modes},
                  "speedup_vs_vanilla": _speedup(seed_time("vanilla", i), seed_time("spotlight", i)),
                  "speedup_vs_sync": _speedup(seed_time("sync", i), seed_time("spotlight", i))}
                 for i in range(seeds)]
     return {
-        "bench": "convergence", "task": cfg.world.task, "config": cfg.source,
-        "base_val_reward": base, "target_val_reward": goal, "seeds": seeds,
+        "bench": "convergence", **facts, "seeds": seeds,
         "time_to_target_s": t,
         "iterations_to_target": {m: (int(v) if v is not None and float(v).is_integer() else v)
                                  for m, v in its.items()},
-        "modes": list(modes), "overrides": settings,
         "speedup_vs_vanilla": _speedup(t.get("vanilla"), t.get("spotlight")),
         "speedup_vs_sync": _speedup(t.get("sync"), t.get("spotlight")),
         "per_seed": per_seed,
@@ -214,6 +227,5 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
                                for m, rs in runs.items()},
         "fallback_iterations": {str(r["seed"]): r["fallback_iterations"]
                                 for r in spot_runs},
-        "wall_budget_s": budget, "png": str(png), "runs": str(root),
         "wall_s": time.monotonic() - started, "machine": machine(),
     }

@@ -53,7 +53,12 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
     selection = store.stage_record("iter-1/selection")["info"]
     assert selection["source"] == "explore"
     candidates = store.get_json("iter-1/explore", "candidates")
-    for row, seeds in zip(selection["selection"]["seeds"], candidates["seeds"]):
+    chosen = store.get_json("iter-1/selection", "selection")   # kept out of the manifest
+    assert "selection" not in selection
+    # Planner and monitor state, rewritten every iteration, lives beside the record too.
+    assert "planner" not in store.stage_record("iter-1/iteration")["info"]
+    assert "arms" in store.get_json("iter-1/iteration", "planning")["planner"]
+    for row, seeds in zip(chosen["seeds"], candidates["seeds"]):
         assert set(row) <= set(seeds) and len(seeds) == tiny_run_config.exploration.candidates
     table = xr.open_zarr(store.url + "/rewards.zarr")
     assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
@@ -97,7 +102,7 @@ def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml,
             assert taus.iloc[k] is None or np.isnan(taus.iloc[k])
             continue
         stale = store.get_json(f"iter-{k}/explore", "candidates")
-        seeds = store.stage_record(f"iter-{k}/selection")["info"]["selection"]["seeds"]
+        seeds = store.get_json(f"iter-{k}/selection", "selection")["seeds"]
         rollout = store.get_arrays(f"iter-{k}/reward", "reward")["rewards"]
         xs, ys = [], []
         for p, row in enumerate(seeds):
