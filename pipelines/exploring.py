@@ -88,8 +88,9 @@ class ExplorationBook:
             self._emit("plan", iteration=iteration, plan=plan)
         return plan
 
-    def _window_history(self, before: int) -> list[float]:
-        """Measured exploration windows of the iterations before ``before``."""
+    def _window_history(self, before: int, last: int | None = None) -> list[float]:
+        """Measured exploration windows of the ``last`` iterations before ``before`` (default:
+        the planner's ``train_time_window``); unmeasured ones (resumed stages) are left out."""
         stages = self.store.manifest.stages()   # one manifest read for every record below
 
         def task(k: int, stage: str) -> dict | None:
@@ -97,7 +98,7 @@ class ExplorationBook:
             return record.get("info", {}).get("task")
 
         out = []
-        for k in range(max(0, before - self.config.planner.train_time_window), before):
+        for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
             seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
                                            self.config.exploration.window)
             if seconds is not None:
@@ -189,7 +190,7 @@ class ExplorationBook:
                                    or [0.0]))
         actual = sum(t["end"] - t["start"] for t in stale["tasks"])
         plan = Plan(**record["plan"])
-        window = self._window_history(k)[-1:]   # the newest measured: k-1 explored k
+        window = self._window_history(k, last=1)   # iteration k-1's: it explored k
         billed = window[0] * plan.slots if window and plan.slots else None
         self.planner.record(plan, actual, float(np.mean(adv["group_std"])), random_std, billed)
 

@@ -5,7 +5,9 @@ current iteration (the mean of the last few measured) times ``budget_fraction``:
 runs on spot slots while training runs, so a plan whose predicted wall time (spot-seconds over
 slots) exceeds it would make the iteration wait or throw work away. The payoff of a setting is
 what GRPO actually gets from it — the reward spread of the selected groups at rollout over the
-spread of random seeds, minus one — per spot-second spent.
+spread of random seeds, minus one — per spot-second: billed (the window times the slots,
+paid whether exploration computes or idles) or busy (what exploration computed), by
+``payoff``.
 """
 from __future__ import annotations
 
