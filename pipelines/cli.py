@@ -1,8 +1,14 @@
-"""The ``spotlight`` command line: a thin layer over the importable API."""
+"""The ``spotlight`` command line: a thin layer over the importable API.
+
+Every failure ends in one line on stderr and an exit code per class: 1 internal error (a bug;
+--debug shows the traceback), 2 configuration or usage, 3 storage, 4 cluster, 5 a task failed
+on a worker, 130 interrupted (Ctrl-C; the run store stays resumable)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from spotlight.config import ConfigError, load_config, parse_override
@@ -10,9 +16,20 @@ from spotlight.config import ConfigError, load_config, parse_override
 DEFAULT_CONFIG = "configs/digits.yaml"
 
 
+def config_path(args: argparse.Namespace) -> str:
+    """``--config``, or the shipped default (found from here or from the project root)."""
+    if getattr(args, "config", None):
+        return args.config
+    if Path(DEFAULT_CONFIG).is_file():
+        return DEFAULT_CONFIG
+    from spotlight.config import PROJECT_ROOT
+
+    return str(PROJECT_ROOT / DEFAULT_CONFIG)
+
+
 def _config(args: argparse.Namespace):
     overrides = dict(parse_override(item) for item in (args.set or []))
-    return load_config(args.config, overrides)
+    return load_config(config_path(args), overrides)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -33,42 +50,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# Options that change what a stored run computes; ``--resume`` refuses them. Safe with it:
+# --iterations (extends or shortens the run), --scheduler (another cluster; placement only).
+CHANGES_THE_RUN = ("config", "set", "mode", "store", "preempt_trace", "time_scale",
+                   "preempt_rate")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.cluster import ClusterError
     from pipelines.console import ConsoleProgress
     from pipelines.session import Session
-    from storage import StorageError
 
     progress = ConsoleProgress()
-    try:
-        if args.resume:
-            session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress)
-        else:
-            overrides = dict(parse_override(item) for item in (args.set or []))
-            if args.scheduler:
-                overrides["cluster.scheduler"] = args.scheduler
-            if args.iterations is not None:
-                overrides["iterations"] = args.iterations
-            overrides.update(_preemption_overrides(args))
-            session = Session.from_config(args.config, store=args.store, overrides=overrides,
-                                          mode=args.mode, on_event=progress, progress=True)
-    except (ClusterError, StorageError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.resume:
+        given = [f"--{name.replace('_', '-')}" for name in CHANGES_THE_RUN
+                 if getattr(args, name) not in (None, [])]
+        if given:
+            raise UsageError(f"--resume continues the run exactly as it was stored; "
+                             f"{', '.join(given)} would change it. Start a new run instead "
+                             "(without --resume), or leave those options out; --iterations "
+                             "and --scheduler are allowed with --resume")
+        session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress)
+    else:
+        overrides = dict(parse_override(item) for item in (args.set or []))
+        if args.scheduler:
+            overrides["cluster.scheduler"] = args.scheduler
+        if args.iterations is not None:
+            overrides["iterations"] = args.iterations
+        overrides.update(_preemption_overrides(args))
+        session = Session.from_config(config_path(args), store=args.store, overrides=overrides,
+                                      mode=args.mode, on_event=progress, progress=True)
+    RUNNING["url"] = session.url
     with session:
         print(f"run: {session.url}  mode: {session.mode}")
         print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
         goal = args.iterations if args.iterations is not None else session.config.iterations
-        remaining = max(goal - session.completed_iterations(), 0)
+        done = session.completed_iterations()
+        remaining = max(goal - done, 0)
         if args.resume:
-            print(f"resuming after iteration {session.completed_iterations() - 1}; "
-                  f"{remaining} to go", flush=True)
+            print(f"resuming {session.url} after iteration {done - 1} (weights version "
+                  f"{session.store.latest_checkpoint()}); {remaining} to go", flush=True)
         history = session.run(remaining)
         if len(history):
             last = history.iloc[-1]
-            print(f"done: {len(history)} iterations, base val {session.base_val_reward:.3f}, "
-                  f"last val {history['val_reward'].dropna().iloc[-1]:.3f}, "
-                  f"cost ${last['cost_total_usd']:.4f}; resume or audit with: "
+            vals = history["val_reward"].dropna()
+            last_val = f"{vals.iloc[-1]:.3f}" if len(vals) else "-"
+            print(f"done: {len(history)} iterations, validation reward: base "
+                  f"{session.base_val_reward:.3f}, last {last_val}; "
+                  f"cost ${last['cost_total_usd']:.4f}; audit with: "
                   f"spotlight audit {session.url}")
     return 0
 
@@ -87,10 +115,7 @@ def _time_scale(text: str) -> float:
 
 def _preemption_overrides(args: argparse.Namespace) -> dict:
     out: dict = {}
-    if args.preempt_trace:
-        if not Path(args.preempt_trace).is_file():
-            raise ConfigError(f"--preempt-trace {args.preempt_trace!r}: no such file; pass a count "
-                              "JSON or an event CSV (see the spot traces README)")
+    if args.preempt_trace:   # checked and parsed with the config, before anything is written
         out["injector.trace"] = args.preempt_trace
     if args.time_scale is not None:
         out["injector.time_scale"] = args.time_scale
@@ -132,7 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from pipelines.audit import audit_table, decoder_for_run, format_events, request_strip
-    from storage import RunStore, StorageConfig, StorageError
+    from storage import RunStore, StorageConfig
 
     if (args.iteration is None) != (args.request is None):
         print("error: --iteration and --request go together (one request's strip)", file=sys.stderr)
@@ -140,39 +165,42 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.iteration is None and (args.stage or args.png):
         print("error: --stage and --png need --iteration K --request R", file=sys.stderr)
         return 2
-    try:
-        config = StorageConfig(url=args.run_url, endpoint_url=args.endpoint_url)
-        # Reading must create nothing: the local probe would make a missing directory.
-        store = RunStore.open(config, create=False, check_on_open=config.scheme != "file")
-        print(audit_table(store))
-        if args.events:
-            print(format_events(store.read_events()))
-        if args.iteration is not None:
-            png = args.png or f"audit-iter{args.iteration}-{args.request}.png"
-            request_strip(store, args.iteration, args.request, png, decode=decoder_for_run(store),
-                          stage=args.stage)
-            print(f"strip: {png}")
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    config = StorageConfig(url=args.run_url, endpoint_url=args.endpoint_url)
+    store = RunStore.open(config, create=False)   # reading creates nothing
+    print(audit_table(store))
+    if args.events:
+        print(format_events(store.read_events()))
+    if args.iteration is not None:
+        png = args.png or f"audit-iter{args.iteration}-{args.request}.png"
+        request_strip(store, args.iteration, args.request, png, decode=decoder_for_run(store),
+                      stage=args.stage)
+        print(f"strip: {png}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spotlight", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (otherwise one line and an exit code)")
+    parser = argparse.ArgumentParser(prog="spotlight", description=__doc__, parents=[common],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(p: argparse.ArgumentParser, default: str | None = DEFAULT_CONFIG) -> None:
-        p.add_argument("--config", default=default, help=f"run config YAML (default {default})")
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)
+
+    def with_config(p: argparse.ArgumentParser, default: str | None = None) -> None:
+        p.add_argument("--config", default=default,
+                       help=f"run config YAML (default {default or DEFAULT_CONFIG})")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set grpo.lr=3e-4 (repeatable)")
 
-    p = sub.add_parser("pretrain", help="train (or load from cache) the base model of a config")
+    p = command("pretrain", help="train (or load from cache) the base model of a config")
     with_config(p)
     p.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("demo", help="pretrain (cached), run a few iterations on an embedded Dask "
+    p = command("demo", help="pretrain (cached), run a few iterations on an embedded Dask "
                                     "cluster, write a report")
     with_config(p)
     p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
@@ -180,14 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("run", help="run RL iterations on a Dask cluster (embedded by default)")
+    p = command("run", help="run RL iterations on a Dask cluster (embedded by default)")
     with_config(p)
     p.add_argument("--iterations", type=int, default=None, help="iterations (default: config)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",
                    help="existing scheduler, e.g. tcp://10.0.0.5:8786 (default: embedded cluster)")
     p.add_argument("--resume", metavar="RUN_URL", default=None,
-                   help="continue the run stored at RUN_URL after its last completed stage")
+                   help="continue the run stored at RUN_URL after its last completed stage, "
+                        "exactly as stored: only --iterations (extend or shorten it) and "
+                        "--scheduler (another cluster) may go with it; --config, --set, --mode, "
+                        "--store and --preempt-* are refused")
     p.add_argument("--mode", choices=("spotlight", "vanilla", "sync"), default=None,
                    help="spotlight (stale exploration on spot), sync, or vanilla (default: config)")
     p.add_argument("--preempt-trace", metavar="PATH", default=None,
@@ -199,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without a trace: Poisson preemptions per spot worker-hour")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("bench", help="run a benchmark and write its JSON")
+    p = command("bench", help="run a benchmark and write its JSON")
     p.add_argument("name", help="benchmark name, e.g. learning")
     p.add_argument("--json", metavar="PATH", help="write the result object here")
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke check)")
@@ -221,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "8 s apart)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("audit", help="print a run's per-iteration audit table from its store; "
+    p = command("audit", help="print a run's per-iteration audit table from its store; "
                                      "with --iteration/--request, write one request's PNG strip")
     p.add_argument("run_url", help="run URL: a path, file://PATH or s3://BUCKET/PREFIX")
     p.add_argument("--iteration", type=int, metavar="K", help="iteration of the request to draw")
@@ -240,13 +271,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(ValueError):
+    """Options that do not go together; the message says which and what to do."""
+
+
+# One exit code per class of failure (README: Exit codes).
+EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_STORAGE, EXIT_CLUSTER, EXIT_TASK = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
+RUNNING: dict = {}   # the run this process works on, for the resume hint
+
+
+def _classify(err: BaseException) -> tuple[int, str]:
+    """The exit code and the one line a user reads for ``err``."""
+    from pipelines.cluster import ClusterError, RunInterrupted, TaskFailedError
+    from storage import StorageError
+
+    if isinstance(err, (KeyboardInterrupt, RunInterrupted)):
+        return EXIT_INTERRUPTED, "interrupted"
+    if isinstance(err, StorageError):
+        return EXIT_STORAGE, f"storage: {err}"
+    if isinstance(err, ClusterError):
+        return EXIT_CLUSTER, f"cluster: {err}"
+    if isinstance(err, TaskFailedError):
+        return EXIT_TASK, f"task: {err}"
+    if isinstance(err, (ConfigError, UsageError)):
+        return EXIT_CONFIG, str(err)
+    if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError)):
+        return EXIT_STORAGE, (f"file system: {err}. Check the path, its permissions and free "
+                              "space; what was committed before is intact")
+    if isinstance(err, (ValueError, FileNotFoundError)):
+        return EXIT_CONFIG, str(err)
+    return EXIT_INTERNAL, (f"internal error: {type(err).__name__}: {err}. This is a bug in "
+                           "Spotlight; rerun with --debug for the traceback and report it")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    RUNNING.clear()
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C stops a run even when this process was started with SIGINT ignored (as a
+        # shell's background job is): the run then stops cleanly and says how to resume.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.func(args)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except BaseException as err:  # noqa: BLE001 - every failure ends in one line and a code
+        if isinstance(err, SystemExit):
+            raise
+        code, line = _classify(err)
+        if getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {line}" if code != EXIT_INTERRUPTED else "interrupted", file=sys.stderr)
+        url = RUNNING.get("url")   # only a run that started has anything to resume
+        if url and args.command == "run" and code in (EXIT_INTERRUPTED, EXIT_CLUSTER, EXIT_TASK,
+                                                      EXIT_STORAGE):
+            print(f"the run store keeps every committed stage; continue with: spotlight run "
+                  f"--resume {url}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -2,20 +2,41 @@
 
 Embedded: on-demand workers carry ``resources={"gpu": 1}``, spot workers ``{"spot": 1}``; each
 is a separate process (spawned, because s3fs is not fork-safe) with one thread and torch
-pinned to it. Remote: ``dask worker ADDR --resources "gpu=1"`` / ``"spot=1"`` workers.
+pinned to it, and every process listens on 127.0.0.1 only. Remote: ``dask worker ADDR
+--resources "gpu=1"`` / ``"spot=1"`` workers, over TLS (``cluster.tls``) when the cluster spans
+machines. Connecting has one hard deadline (``cluster.connect_timeout_s``) for the handshake
+and the worker classes; during a run, a stage that has no worker of its class left for
+``cluster.worker_wait_s`` stops the run with :class:`ClusterLostError`.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from dataclasses import dataclass
 
-from spotlight.config import ClusterConfig
+from pipelines.worker_setup import spotlight_worker_setup
+from spotlight.config import ClusterConfig, TLSConfig
 
 GPU, SPOT = "gpu", "spot"
+LOOPBACK = "127.0.0.1"
+_WAIT_POLL_S = 0.5
 
 
 class ClusterError(RuntimeError):
     """The cluster cannot run this job; the message says what is missing and what to do."""
+
+
+class ClusterLostError(ClusterError):
+    """No worker of a class a stage needs is left (they died or left) and none returned."""
+
+
+class TaskFailedError(RuntimeError):
+    """A task raised on a worker; the message names the stage, the worker class and the error."""
+
+
+class RunInterrupted(RuntimeError):
+    """The run was stopped (Ctrl-C, ``Session.stop``); everything committed stays resumable."""
 
 
 @dataclass
@@ -25,9 +46,12 @@ class ClusterHandle:
     client: object
     cluster: object | None = None
     owns_client: bool = True
+    dashboard: bool = True
 
     @property
     def dashboard_link(self) -> str | None:
+        if not self.dashboard:
+            return None
         try:
             return self.client.dashboard_link
         except Exception:  # noqa: BLE001 - no dashboard (not installed, disabled)
@@ -37,6 +61,32 @@ class ClusterHandle:
         """Worker names per resource class, from the scheduler's view right now."""
         return workers_by_class(self.client.scheduler_info(n_workers=-1)["workers"])
 
+    def wait_for(self, futures: list, resource: str, stop: threading.Event, wait_s: float,
+                 what: str = "") -> None:
+        """Wait until every future is done; stop on ``stop`` (:class:`RunInterrupted`), and
+        when no worker of ``resource`` is left for ``wait_s`` (:class:`ClusterLostError`)."""
+        from distributed import wait
+
+        pending = [f for f in futures if hasattr(f, "status")]
+        absence = Absence(self, resource, wait_s, what)
+        try:
+            while True:
+                if stop.is_set():
+                    raise RunInterrupted(f"stopped while waiting for {what or 'tasks'}")
+                try:
+                    wait(pending, timeout=_WAIT_POLL_S)
+                    return
+                except TimeoutError:
+                    absence.check()
+        except BaseException:
+            self.client.cancel([f for f in pending if not f.done()])
+            raise
+
+    @property
+    def where(self) -> str:
+        return "the embedded cluster" if self.cluster is not None else \
+            str(getattr(getattr(self.client, "scheduler", None), "address", "the cluster"))
+
     def close(self) -> None:
         try:
             if self.owns_client:
@@ -44,6 +94,31 @@ class ClusterHandle:
         finally:
             if self.cluster is not None:
                 self.cluster.close()
+
+
+class Absence:
+    """How long a worker class has had no worker: :meth:`check` raises
+    :class:`ClusterLostError` once that passes ``wait_s`` (a stage cannot go on)."""
+
+    def __init__(self, handle: ClusterHandle, resource: str, wait_s: float, what: str) -> None:
+        self.handle, self.resource, self.wait_s, self.what = handle, resource, wait_s, what
+        self.since: float | None = None
+
+    def check(self) -> None:
+        try:
+            alive = self.handle.workers_by_class()[self.resource]
+        except Exception:  # noqa: BLE001 - the scheduler itself does not answer
+            alive = []
+        if alive:
+            self.since = None
+            return
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since >= self.wait_s:
+            raise ClusterLostError(
+                f"no worker with resource '{self.resource}' left on {self.handle.where} for "
+                f"{self.wait_s:g} s while {self.what or 'a stage'} waited (they died or left; "
+                f"see the workers' logs). Start one with `dask worker ADDR --resources "
+                f"\"{self.resource}=1\"` and resume the run")
 
 
 def workers_by_class(workers: dict) -> dict[str, list[str]]:
@@ -60,47 +135,45 @@ def _worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
     from distributed import Nanny
 
     threads = str(config.threads_per_worker)
+    # host: the nanny, the worker and the worker's HTTP endpoint all bind loopback only; Dask
+    # RPC is unauthenticated, so anything reachable from the network could run code in them.
     return {"cls": Nanny, "options": {
-        "name": name, "nthreads": config.threads_per_worker, "resources": {resource: 1},
-        "memory_limit": 0, "silence_logs": 40, "env": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}}}
+        "name": name, "host": LOOPBACK, "nthreads": config.threads_per_worker,
+        "resources": {resource: 1}, "memory_limit": 0, "silence_logs": 40,
+        "preload": ["pipelines.worker_setup"],   # Ctrl-C is the driver's (see dask_setup)
+        "env": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}}}
 
 
 # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every worker, which also freezes glibc's mmap
 # threshold: each large tensor is then mmap'd and unmapped again, and the page faults doubled
-# the time of a denoising step here (bench overhead: 2.3x -> see README). Leave glibc's
-# adaptive defaults alone; memory is bounded by our own fixed-shape requests.
+# the time of a denoising step here (bench overhead: 2.3x -> see README). The embedded
+# cluster's nannies leave glibc's adaptive defaults alone; on stock workers the worker plugin
+# (pipelines.worker_setup) raises the thresholds back.
 MALLOC_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
 # An idle embedded cluster used 13% of a core here, mostly the workers' statistical profiler
 # (a stack sample every 10 ms, which also takes the GIL from the task) and 20 ms event-loop
-# ticks; with these it uses 1.4%. The dashboard's profile page stays empty.
+# ticks; with these it uses 1.4%. The dashboard's profile page stays empty. The worker plugin
+# does the same for workers the project did not start.
 QUIET_EVENT_LOOPS = {"distributed.worker.profile.enabled": False,
                      "distributed.admin.tick.interval": "1s",
                      "distributed.admin.system-monitor.interval": "2s"}
 
 
-def _lower_spot_priority(nice: int):
-    """A worker plugin: spot workers of an embedded cluster yield the CPU to everything else."""
-    from distributed import WorkerPlugin
+def register_worker_setup(client, config: ClusterConfig, *, embedded: bool) -> None:
+    """Every worker, present and future, gets the project's set-up (imports, speed, nice)."""
+    client.register_plugin(spotlight_worker_setup(
+        config.threads_per_worker, config.spot_nice if embedded else 0,
+        http=config.dashboard or not embedded))
 
-    class LowerSpotPriority(WorkerPlugin):
-        name = "spotlight-spot-priority"
 
-        def __init__(self, nice: int) -> None:
-            self.nice = nice
-
-        def setup(self, worker) -> None:
-            import os
-
-            if worker.state.total_resources.get(SPOT, 0) > 0 and self.nice:
-                os.nice(self.nice)
-
-    return LowerSpotPriority(nice)
+def _close_http_server(dask_scheduler) -> None:
+    dask_scheduler.http_server.stop()
 
 
 def start_embedded(config: ClusterConfig) -> ClusterHandle:
-    """Start a scheduler and gpu/spot worker processes on loopback."""
+    """Start a scheduler and gpu/spot worker processes, all listening on loopback only."""
     import dask
     from distributed import Client, Scheduler, SpecCluster
 
@@ -108,38 +181,114 @@ def start_embedded(config: ClusterConfig) -> ClusterHandle:
     workers = {f"gpu-{i}": _worker_spec(f"gpu-{i}", GPU, config) for i in range(config.gpu_workers)}
     workers.update({f"spot-{i}": _worker_spec(f"spot-{i}", SPOT, config) for i in range(spot)})
     scheduler = {"cls": Scheduler, "options": {
-        "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0" if config.dashboard else None}}
-    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
-                          "distributed.scheduler.work-stealing": False,
-                          MALLOC_TRIM_KEY: None, **QUIET_EVENT_LOOPS}):
+        "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0"}}
+    settings = {"distributed.worker.multiprocessing-method": "spawn",
+                "distributed.scheduler.work-stealing": False,
+                MALLOC_TRIM_KEY: None, **QUIET_EVENT_LOOPS}
+    if not config.dashboard:   # no HTTP endpoint in any process at all
+        settings.update({"distributed.scheduler.http.routes": [],
+                         "distributed.worker.http.routes": []})
+    with dask.config.set(settings):
         cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
         client = Client(cluster)
-    client.wait_for_workers(len(workers), timeout=max(config.worker_wait_s, 60.0))
-    client.register_plugin(_lower_spot_priority(config.spot_nice))
-    return ClusterHandle(client, cluster)
+    try:
+        client.wait_for_workers(len(workers), timeout=max(config.worker_wait_s, 60.0))
+        register_worker_setup(client, config, embedded=True)
+        if not config.dashboard:   # Dask's scheduler always serves HTTP; close it
+            client.run_on_scheduler(_close_http_server)
+    except BaseException:
+        client.close()
+        cluster.close()
+        raise
+    return ClusterHandle(client, cluster, dashboard=config.dashboard)
 
 
-def connect(address: str, config: ClusterConfig) -> ClusterHandle:
-    """Connect to an existing scheduler, failing fast with a useful message if it is not there."""
-    from distributed import Client
+def security(tls: TLSConfig):
+    """The client's ``distributed.Security`` for ``cluster.tls`` (None without TLS)."""
+    if not tls.enabled:
+        return None
+    from distributed import Security
+
+    return Security(tls_ca_file=tls.ca_file, tls_client_cert=tls.cert,
+                    tls_client_key=tls.key or None, require_encryption=True)
+
+
+async def _identify(address: str, connection_args: dict, timeout: float) -> object:
+    from distributed.comm import connect
+
+    comm = await connect(address, timeout=timeout, **connection_args)
+    try:
+        await comm.write({"op": "identity", "reply": True})
+        return await comm.read()
+    finally:
+        await comm.close()
+
+
+def probe_scheduler(address: str, config: ClusterConfig, timeout: float) -> None:
+    """Ask ``address`` who it is, within ``timeout`` whatever the peer does (an HTTP server,
+    a closed port, a TLS mismatch); a :class:`ClusterError` saying what to check otherwise."""
+    sec = security(config.tls)
+    tls_hint = ("" if address.startswith("tls://") or config.tls.enabled else
+                " If the scheduler requires TLS, use a tls:// address and set cluster.tls.")
+    if address.startswith("tls://") and sec is None:
+        raise ClusterError(f"{address} is a TLS address but no client certificate is "
+                           "configured; set cluster.tls.ca_file, cluster.tls.cert and "
+                           "cluster.tls.key (the files the workers use)")
+    args = sec.get_connection_args("client") if sec is not None else {}
+
+    async def bounded() -> object:
+        return await asyncio.wait_for(_identify(address, args, timeout), timeout)
 
     try:
-        client = Client(address, timeout=config.connect_timeout_s)
+        reply = asyncio.run(bounded())
+    except (asyncio.TimeoutError, TimeoutError):
+        raise ClusterError(f"could not reach the Dask scheduler at {address}: no answer as a "
+                           f"Dask scheduler within {timeout:.3g} s (cluster.connect_timeout_s). "
+                           f"Is `dask scheduler` running there, on that port?{tls_hint}") from None
+    except Exception as err:  # noqa: BLE001 - any failure to talk is the same answer to a user
+        reason = f"{type(err).__name__}: {err}".strip()
+        if "certificate" in reason.lower() or "ssl" in reason.lower() or "tls" in reason.lower():
+            raise ClusterError(f"the TLS handshake with {address} failed ({reason[:300]}); check "
+                               "that cluster.tls names the CA, certificate and key the cluster "
+                               "was started with") from None
+        raise ClusterError(f"could not reach the Dask scheduler at {address} ({reason[:300]}). "
+                           f"Is `dask scheduler` running there? Check the address and port, or "
+                           f"drop --scheduler to use an embedded cluster.{tls_hint}") from None
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        raise ClusterError(f"{address} answered, but not as a Dask scheduler ({reply!r:.120}); "
+                           "check the address and port")
+
+
+def connect(address: str, config: ClusterConfig, deadline: float | None = None) -> ClusterHandle:
+    """Connect to an existing scheduler within the deadline, or a ClusterError saying why not."""
+    from distributed import Client
+
+    deadline = deadline or time.monotonic() + config.connect_timeout_s
+    probe_scheduler(address, config, max(deadline - time.monotonic(), 0.1))
+    try:
+        client = Client(address, timeout=max(deadline - time.monotonic(), 1.0),
+                        security=security(config.tls))
     except (OSError, TimeoutError) as err:
         raise ClusterError(
             f"could not reach the Dask scheduler at {address} within {config.connect_timeout_s:g} s "
             f"({type(err).__name__}: {err}). Is `dask scheduler` running there? Check the address "
             "and port, or drop --scheduler to use an embedded cluster.") from None
+    try:
+        register_worker_setup(client, config, embedded=False)
+    except BaseException:
+        client.close()
+        raise
     return ClusterHandle(client)
 
 
-def check_shape(handle: ClusterHandle, mode: str, config: ClusterConfig, address: str) -> str:
+def check_shape(handle: ClusterHandle, mode: str, config: ClusterConfig, address: str,
+                deadline: float | None = None) -> str:
     """Wait for the worker classes ``mode`` needs; returns the mode to run (a stated fallback).
 
     No gpu worker is always an error. No spot worker in spotlight mode is an error, or with
     ``missing_spot: sync`` a fallback to synchronous exploration on gpu workers.
     """
-    deadline = time.monotonic() + config.worker_wait_s
+    deadline = deadline or time.monotonic() + config.worker_wait_s
     while True:
         have = handle.workers_by_class()
         needs_spot = mode == "spotlight"
@@ -165,12 +314,14 @@ def check_shape(handle: ClusterHandle, mode: str, config: ClusterConfig, address
 
 def open_cluster(config: ClusterConfig, mode: str) -> tuple[ClusterHandle, str]:
     """The cluster a run uses and the mode it runs in (see :func:`check_shape`)."""
-    if config.scheduler:
-        handle = connect(config.scheduler, config)
+    deadline = None
+    if config.scheduler:   # one deadline: the handshake and the wait for the worker classes
+        deadline = time.monotonic() + config.connect_timeout_s
+        handle = connect(config.scheduler, config, deadline)
     else:
         handle = start_embedded(config)
     try:
-        return handle, check_shape(handle, mode, config, config.scheduler)
+        return handle, check_shape(handle, mode, config, config.scheduler, deadline)
     except ClusterError:
         handle.close()   # closes only the client of a remote cluster
         raise

@@ -16,11 +16,16 @@ def iteration_line(result: Any) -> str:
     resumed = f" resumed[{','.join(result.resumed_stages)}]" if result.resumed_stages else ""
     if getattr(result, "preemptions", 0):
         resumed += f"  preempted {result.preemptions}x (resumed)"
-    tau = getattr(result, "kendall_tau", None)
-    fidelity = f"  tau {tau:+.2f}" if tau is not None else ""
+    # The audit τ (random candidates) decides the fallback; τ over the selected seeds is biased
+    # upwards by the selection and shown for reference only.
+    audit, tau = getattr(result, "audit_tau", None), getattr(result, "kendall_tau", None)
+    fidelity = f"  tau audit {audit:+.2f}" if audit is not None else ""
+    fidelity += f"  tau selected {tau:+.2f}" if tau is not None else ""
     if getattr(result, "fidelity_state", "trusting") == "fallback":
         fidelity += " FALLBACK (stale ranking untrusted)"
-    return (f"iter {result.iteration:4d}  val {val}  reward {result.reward_mean:.3f}  "
+    # The rollout reward of a mode that selects seeds is over selected seeds, so it is not
+    # comparable across modes; the validation reward (fixed seeds, no selection) is.
+    return (f"iter {result.iteration:4d}  val {val}  rollout {result.reward_mean:.3f}  "
             f"group std {result.group_reward_std:.3f}  explore {explore}{fidelity}  "
             f"{result.wall_s:5.1f}s  cost ${result.cost_total_usd:.4f}{resumed}")
 

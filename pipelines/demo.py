@@ -30,7 +30,7 @@ def _grid(validation: dict, prompts, path: Path) -> None:
 def run_demo(config: RunConfig, iterations: int | None = None,
              report_dir: Path = Path("reports/demo"), store: str | None = None) -> dict:
     iterations = config.iterations if iterations is None else iterations
-    config.iterations = iterations
+    config = config.with_values({"iterations": iterations})
     print(f"spotlight demo: task={config.world.task} mode={config.mode} config={config.source} "
           f"iterations={iterations}")
     with Session.from_config(config, store=store, on_event=ConsoleProgress(), progress=True) as session:

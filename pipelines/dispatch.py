@@ -91,6 +91,9 @@ class RequestPool:
         self._finished = threading.Event()
         self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._run, name="spotlight-dispatch", daemon=True)
+        # Workers first: queueing requests before the pool has seen any worker would announce
+        # "no spot worker left" while every spot worker is alive.
+        self._sync_workers()
         for name in self.specs:
             self._apply(self.dispatcher.handle(RequestSubmitted(name)))
         self._thread.start()

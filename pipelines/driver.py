@@ -14,6 +14,7 @@ a recorded stage is never recomputed: the driver can be killed anywhere and resu
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pipelines import worker as tasks
-from pipelines.cluster import GPU, SPOT, ClusterHandle
+from pipelines.cluster import GPU, SPOT, ClusterHandle, RunInterrupted, TaskFailedError
 from pipelines.dispatch import RequestSpec
 from pipelines.exploring import ExplorationBook
 from spotlight.config import RunConfig
@@ -33,10 +34,11 @@ from spotlight.exploration.fidelity import RankFidelityMonitor
 from spotlight.exploration.planner import ExplorationPlanner
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts, random_seeds
-from storage import RunStore
+from storage import RunStore, StorageError
 from storage.manifest import stage_key
 
 EventFn = Callable[[str, dict], None]
+STORAGE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
 
 
 @dataclass
@@ -61,7 +63,9 @@ class IterationResult:
     cost_total_usd: float
     resumed_stages: list[str] = field(default_factory=list)
     kendall_tau: float | None = None       # stale exploration vs this rollout, selected seeds
-    audit_tau: float | None = None         # stale vs fresh scores of a random candidate subset
+                                           # (biased upwards by the selection; reported only)
+    audit_tau: float | None = None         # stale vs fresh scores of random candidates: what
+                                           # the fallback decides on
     fidelity_state: str = "trusting"       # or "fallback" (selection of the next iteration)
     plan_candidates: int | None = None     # the planner's N for the next iteration
     plan_steps: int | None = None          # ... and M
@@ -105,6 +109,35 @@ class Driver(ExplorationBook):
         self._events_lock = threading.Lock()
         self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
+        self._stop.set()
+
+    def check_running(self) -> None:
+        if self._stop.is_set():
+            raise RunInterrupted("the run was stopped")
+
+    def _await(self, futures: list, what: str, resource: str = GPU) -> None:
+        """Wait for Dask futures, stopping on :meth:`stop` and when their workers are gone."""
+        self.cluster.wait_for(futures, resource, self._stop, self.config.cluster.worker_wait_s,
+                              what)
+
+    def _result(self, future, what: str, resource: str = GPU):
+        """The result of one task, or one clear error naming the stage if it raised."""
+        self._await([future], what, resource)
+        if future.status == "error":
+            exc = future.exception()
+            if isinstance(exc, (StorageError, PermissionError)) or \
+                    (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS):
+                raise exc   # the store refused (full, read-only, corrupt): a storage error
+            hint = (" The worker cannot import Spotlight: install the same version on every "
+                    "worker VM (README: Running on your own cluster)."
+                    if isinstance(exc, ImportError) else "")
+            raise TaskFailedError(f"{what} failed on a '{resource}' worker: "
+                                  f"{type(exc).__name__}: {exc}.{hint}") from exc
+        return future.result()
 
     def _restored_ledger(self) -> CostLedger:
         """The ledger of the last recorded iteration; its workers count as gone since then."""
@@ -134,13 +167,14 @@ class Driver(ExplorationBook):
         while stage_key(tasks.stage_name(k, "iteration")) in stages:
             k += 1
         if k == 0:
-            return (ExplorationPlanner(self.config.planner),
+            return (ExplorationPlanner(self.config.planner, self.config.sampler),
                     RankFidelityMonitor(self.config.fidelity))
         record = stages[stage_key(tasks.stage_name(k - 1, "iteration"))]["info"]
         # Runs recorded before the planning state left the manifest keep it in the record.
         state = record if "planner" in record else \
             self.store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
-        return (ExplorationPlanner.from_dict(self.config.planner, state["planner"]),
+        return (ExplorationPlanner.from_dict(self.config.planner, state["planner"],
+                                             self.config.sampler),
                 RankFidelityMonitor.from_dict(self.config.fidelity, state["monitor"]))
 
     # --- helpers --------------------------------------------------------------------------------
@@ -275,8 +309,7 @@ class Driver(ExplorationBook):
             self._emit("stage_start", iteration=iteration, stage="explore-sync")
             candidates = cfg.exploration.candidates
             futures = self.submit_exploration(iteration, iteration, GPU, candidates)
-
-            self.wait_all(futures)
+            self.wait_all(futures, f"iteration {iteration}'s synchronous exploration", GPU)
             return self.finish_exploration(iteration, futures, "explore-sync",
                                            planned=len(self.prompts(iteration)) * candidates)
         stale = self._stale_candidates(iteration) if self.mode == "spotlight" else None
@@ -306,6 +339,7 @@ class Driver(ExplorationBook):
         done = self._done(k, "iteration")
         if done is not None:
             return IterationResult(**done["result"])
+        self.check_running()
         self._track_workers()
         start = time.time()
         cfg, grpo = self.config, self.config.grpo
@@ -335,21 +369,20 @@ class Driver(ExplorationBook):
         if self._done(k, "reward"):
             rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
         else:
-            out = self._submit(tasks.reward_task, cfg, self.store, rollout_f, prompts,
-                               grpo.group_size, k, resource=GPU, name="reward").result()
+            out = self._result(self._submit(tasks.reward_task, cfg, self.store, rollout_f, prompts,
+                                            grpo.group_size, k, resource=GPU, name="reward"),
+                               f"iteration {k}'s rollout and reward")
             rewards = out["rewards"]
             records += out["records"] + [out["record"]]
             self._mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
             self._mark(k, "reward", {"task": out["record"], "mean": float(rewards.mean())})
 
         self._emit("stage_start", iteration=k, stage="train")
-        adv = self._submit(tasks.advantages_task, cfg, k, rewards, k, resource=GPU,
-                           name="advantages").result()
+        adv = self._result(self._submit(tasks.advantages_task, cfg, k, rewards, k, resource=GPU,
+                                        name="advantages"), f"iteration {k}'s advantages")
         records.append(adv["record"])
+        # τ over the selected seeds: reported, never decided on (selection biases it upwards).
         tau = self.rank_fidelity(k, selection, rewards) if spotlight else None
-        decision = self.monitor.observe(k, np.nan if tau is None else tau) if spotlight else None
-        if decision is not None and decision.changed:
-            self._emit("fidelity", iteration=k, decision=decision)
         if spotlight:
             self._record_plan_outcome(k, adv)
         if explores and not early:
@@ -359,14 +392,26 @@ class Driver(ExplorationBook):
         else:
             trained = self._submit(tasks.train_task, cfg, self.store, rollout_f, prompts, rewards,
                                    adv, k, resource=GPU, name="train")
-            saved = self._submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
-                                 resource=GPU, name="checkpoint").result()
+            saved = self._result(self._submit(tasks.checkpoint_task, cfg, self.store, trained, k,
+                                              k, resource=GPU, name="checkpoint"),
+                                 f"iteration {k}'s training and checkpoint")
             del trained
             train_info = saved["stats"]
             records += saved["records"]
             self._mark(k, "train", {"stats": train_info, "task": saved["records"][0]})
         del rollout_f
         train_end = time.time()
+
+        # The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
+        # may use the stale ranking: it is the unbiased sample of it.
+        audit_tau = self.finish_audit(k, audit) if audit else \
+            (self._done(k, "audit") or {}).get("kendall_tau")
+        if audit:
+            records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
+        if spotlight and audit_tau is not None:
+            decision = self.monitor.observe(k, audit_tau)
+            if decision.changed:
+                self._emit("fidelity", iteration=k, decision=decision)
 
         explored = planned = filled = preemptions = 0
         if explore_futures:
@@ -382,10 +427,6 @@ class Driver(ExplorationBook):
             filled = int(nxt.filled.sum()) if nxt is not None else 0
             records += found["tasks"]
             preemptions += self._done(k + 1, "explore").get("preemptions", 0)
-        audit_tau = self.finish_audit(k, audit) if audit else \
-            (self._done(k, "audit") or {}).get("kendall_tau")
-        if audit:
-            records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
         overrun = None
         if plan is not None and plan.budget_s is not None and explore_futures:
             ends = [t["end"] for t in records if t["stage"] == "explore"]
@@ -429,8 +470,9 @@ class Driver(ExplorationBook):
         if record is not None:
             return float(record["info"]["mean_reward"])
         self._emit("stage_start", iteration=max(version - 1, 0), stage="validation")
-        out = self._submit(tasks.validation_task, self.config, self.store, version,
-                           self.val_prompts, version, resource=GPU, name="validation").result()
+        out = self._result(self._submit(tasks.validation_task, self.config, self.store, version,
+                                        self.val_prompts, version, resource=GPU,
+                                        name="validation"), f"validation of weights {version}")
         self.last_validation = out
         self.first_validation = self.first_validation or out
         if records is not None:

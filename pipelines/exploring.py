@@ -12,10 +12,10 @@ from dataclasses import asdict
 import numpy as np
 
 from pipelines import worker as tasks
-from pipelines.cluster import SPOT
+from pipelines.cluster import GPU, SPOT, Absence
 from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.exploration import Selection
-from spotlight.exploration.fidelity import audit_due, audit_subset, grouped_kendall_tau
+from spotlight.exploration.fidelity import audit_due, audit_picks, grouped_kendall_tau
 from spotlight.exploration.planner import Plan, exploration_window_s
 from storage.manifest import stage_key
 
@@ -33,13 +33,21 @@ class ExplorationBook:
         return [self._submit(spec.fn, *spec.args, resource=resource, name=stage)
                 for spec in requests]
 
-    def wait_all(self, work) -> None:
+    def wait_all(self, work, what: str = "exploration", resource: str = SPOT) -> None:
+        """Wait for every request of ``work``; stops with the run (:meth:`Driver.stop`)."""
         if isinstance(work, RequestPool):
-            work.wait()
+            # Spot requests wait for spot workers (the pool gives up after no_spot_wait_s);
+            # with no gpu worker left, though, the run cannot go on whatever spot does.
+            gpu = Absence(self.cluster, GPU, self.config.cluster.worker_wait_s, what)
+            while not work.wait(0.5):
+                try:
+                    self.check_running()
+                    gpu.check()
+                except BaseException:
+                    work.close()
+                    raise
         else:
-            from distributed import wait
-
-            wait(work)
+            self._await(work, what, resource)
 
     def collect(self, work, stage: str) -> tuple[list[dict], int, dict | None]:
         """Stop ``work``: the outputs of its finished requests (in request order), how many
@@ -138,24 +146,18 @@ class ExplorationBook:
         fidelity = self.config.fidelity
         if stale is None or not audit_due(k, fidelity.audit_every):
             return []
-        explored = [p for p, seeds in enumerate(stale["seeds"]) if len(seeds) >= 2]
-        if not explored:
-            return []
-        least = min(len(stale["seeds"][p]) for p in explored)
-        picks = audit_subset(self.config.seed, k, len(explored), least, fidelity.audit_candidates)
-        by_prompt: dict[int, list[int]] = {}
-        for i, c in picks:
-            by_prompt.setdefault(explored[i], []).append(c)
+        picks = audit_picks(self.config.seed, k, [len(s) for s in stale["seeds"]],
+                            fidelity.audit_prompts, fidelity.audit_candidates)
         prompts = self.prompts(k)
         # The same replay steps as the stale exploration, so the audit isolates staleness.
         plan = self._done(k, "plan")
         steps = plan["plan"]["steps"] if plan is not None else None
         requests = [RequestSpec(tasks.explore_request(p, 0), tasks.explore_task,
                                 (self.config, self.store, k, p, prompts[p],
-                                 np.asarray([stale["seeds"][p][c] for c in sorted(cs)]), 0, k,
+                                 np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
                                  "audit", steps),
                                 tasks.stage_name(k, "audit"), tasks.explore_request(p, 0))
-                    for p, cs in sorted(by_prompt.items()) if len(cs) >= 2]
+                    for p, cs in picks]
         return self.dispatch(requests, SPOT, "audit") if requests else []
 
     def finish_audit(self, k: int, work) -> float | None:

@@ -17,16 +17,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import ClusterHandle, check_shape, open_cluster
-from pipelines.driver import Driver, EventFn, IterationResult
+from pipelines.cluster import ClusterHandle, check_shape, open_cluster, register_worker_setup
+from pipelines.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.injector import PreemptionInjector
 from pipelines.preemption import preemption_watch
 from pipelines.worker import stage_name
-from spotlight.config import ConfigError, RunConfig, _build, config_hash, load_config
+from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
+                              load_config)
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward
-from storage import RunStore
+from storage import RunStore, StorageError
 
 CODE_VERSION = "spotlight-pipeline-1"
 
@@ -64,30 +65,34 @@ class Session:
                     *, overrides: dict | None = None, mode: str | None = None,
                     on_event: EventFn | None = None, progress: bool = False) -> "Session":
         """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an embedded one."""
-        config = path if isinstance(path, RunConfig) else load_config(path, overrides)
+        if isinstance(path, RunConfig):
+            config = path.with_values(overrides) if overrides else path
+            check_files(config)
+        else:
+            config = load_config(path, overrides)
         if mode is not None:
             if mode not in ("spotlight", "sync", "vanilla"):
                 raise ConfigError(f"mode {mode!r} is not one of spotlight, sync, vanilla")
-            config.mode = mode
-        pretrain(config, progress=progress)   # cached by config hash
-        build_reward(config.reward)            # warm the recogniser cache once, here
-        run_store = store if isinstance(store, RunStore) else RunStore.open(
-            store or config.store or default_store_url(config))
-        if run_store.manifest.read().get("run", {}).get("config") and run_store.latest_checkpoint() is not None:
-            raise ConfigError(f"{run_store.url} already holds a run; resume it with "
-                              f"Session.resume({run_store.url!r}) or `spotlight run --resume "
-                              f"{run_store.url}`, or choose a new --store")
-        cluster, mode = _cluster_for(config, client)
+            config = config.with_values({"mode": mode})
+        # Everything is checked before anything is written: the config and its files (above),
+        # the store URL (no run there yet), the cluster; only then is the run store created.
+        url = store if isinstance(store, RunStore) else (store or config.store or
+                                                         default_store_url(config))
+        _refuse_existing_run(url)
+        cluster, mode = _cluster_for(config, client)   # a wrong address fails before pretraining
         try:
+            pretrain(config, progress=progress)   # cached by config hash
+            build_reward(config.reward)            # warm the recogniser cache once, here
+            run_store = url if isinstance(url, RunStore) else RunStore.open(url)
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)
             if run_store.latest_checkpoint() is None:
                 base = load_base_policy(config)
                 run_store.save_checkpoint(0, base.state_dict(), None, metadata={"base": True})
+            return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
         except BaseException:
             cluster.close()
             raise
-        return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
 
     @classmethod
     def resume(cls, run_url: str | RunStore, client: Any = None, *, scheduler: str | None = None,
@@ -103,15 +108,19 @@ class Session:
         info = store.manifest.read().get("run", {})
         if "config" not in info:
             raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")
-        config = _build(RunConfig, info["config"], "", f"{store.url}/manifest.json")
-        config.source = info.get("source", store.url)
-        config.mode = info.get("mode", config.mode)
+        config = from_stored(info["config"], info.get("source", store.url))
+        changes: dict[str, Any] = {"mode": info.get("mode", config.mode)}
         if scheduler is not None:
-            config.cluster.scheduler = scheduler
+            changes["cluster.scheduler"] = scheduler
         if connect_timeout_s is not None:
-            config.cluster.connect_timeout_s = connect_timeout_s
+            changes["cluster.connect_timeout_s"] = connect_timeout_s
+        config = config.with_values(changes)
         cluster, mode = _cluster_for(config, client)
-        return cls(config, store, cluster, mode, on_event=on_event)
+        try:
+            return cls(config, store, cluster, mode, on_event=on_event)
+        except BaseException:
+            cluster.close()
+            raise
 
     # --- running --------------------------------------------------------------------------------
     def completed_iterations(self) -> int:
@@ -145,13 +154,29 @@ class Session:
         return self._executor.submit(self._run_one, k, goal)
 
     def run(self, iterations: int | None = None) -> "Any":
-        """Run ``iterations`` more (default: up to the config's ``iterations``); returns history."""
+        """Run ``iterations`` more (default: up to the config's ``iterations``); returns history.
+
+        A KeyboardInterrupt (Ctrl-C, or the kernel's interrupt in Jupyter) stops the run at
+        once: queued iterations are dropped, the running one stops at its next wait (what it
+        committed stays committed) and the interrupt is raised again; resume with
+        ``Session.resume(session.url)``.
+        """
         done = self._submitted
         goal = done + iterations if iterations is not None else self.config.iterations
         futures = [self.submit_iteration(goal) for _ in range(done, goal)]
-        for f in futures:
-            f.result()
+        try:
+            for f in futures:
+                f.result()
+        except KeyboardInterrupt:
+            self.stop()
+            raise
         return self.history
+
+    def stop(self) -> None:
+        """Stop the run: no further iteration starts, the running one stops at its next wait."""
+        self.driver.stop()
+        with self._lock:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     # --- what users look at ---------------------------------------------------------------------
     @property
@@ -207,11 +232,13 @@ class Session:
                 f"{self.completed_iterations()}, dashboard={self.dashboard_link!r})")
 
     def close(self) -> None:
+        """Stop the run if it still runs, record its events and release the cluster."""
         if self.injector is not None:
             self.injector.stop()
-        self._executor.shutdown(wait=True)
+        self.stop()
         try:
-            self.driver.flush_events("close")   # what happened after the last iteration
+            self._executor.shutdown(wait=True)   # the running iteration stops at its next wait
+            self.driver.flush_events("close")    # what happened after the last iteration
         finally:
             self.cluster.close()
 
@@ -222,9 +249,26 @@ class Session:
         self.close()
 
 
+__all__ = ["Session", "RunInterrupted"]
+
+
+def _refuse_existing_run(url: str | RunStore) -> None:
+    """A new run never writes into a store that holds one (reads only; creates nothing)."""
+    try:
+        existing = url if isinstance(url, RunStore) else RunStore.open(url, create=False)
+    except StorageError:
+        return   # nothing there yet (an unreachable store fails when it is created)
+    if existing.manifest.read().get("run", {}).get("config") and \
+            existing.latest_checkpoint() is not None:
+        raise ConfigError(f"{existing.url} already holds a run; resume it with "
+                          f"Session.resume({existing.url!r}) or `spotlight run --resume "
+                          f"{existing.url}`, or choose a new --store")
+
+
 def _cluster_for(config: RunConfig, client: Any) -> tuple[ClusterHandle, str]:
     if client is None:
         return open_cluster(config.cluster, config.mode)
     handle = ClusterHandle(client, owns_client=False)
     address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+    register_worker_setup(client, config.cluster, embedded=False)
     return handle, check_shape(handle, config.mode, config.cluster, address)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import StorageConfig
 from .errors import (CorruptObjectError, NotCommittedError, SinkClosedError, StorageError,
-                     StorageUnavailableError)
+                     StoragePermanentError, StorageUnavailableError)
 from .latents import LatentStreams, ResumePoint
 from .manifest import Manifest, iteration_dir, stage_iteration, stage_key
 from .rewards import RewardTable
@@ -23,6 +23,6 @@ from .sink import LatentSink
 __all__ = [
     "Checkpoint", "CheckpointStore", "CorruptObjectError", "LatentSink", "LatentStreams",
     "Manifest", "NotCommittedError", "ResumePoint", "RewardTable", "RunStore", "SinkClosedError",
-    "StorageConfig", "StorageError", "StorageUnavailableError", "iteration_dir",
+    "StorageConfig", "StorageError", "StoragePermanentError", "StorageUnavailableError", "iteration_dir",
     "stage_iteration", "stage_key",
 ]

@@ -10,6 +10,10 @@ class StorageUnavailableError(StorageError):
     """The storage backend could not be reached (at open, or after retries with backoff)."""
 
 
+class StoragePermanentError(StorageError):
+    """The storage refused for a reason retrying cannot fix: read-only, full, no permission."""
+
+
 class CorruptObjectError(StorageError):
     """A stored object failed its integrity check (sha256, crc32c, missing chunk, bad JSON)."""
 
@@ -17,6 +21,9 @@ class CorruptObjectError(StorageError):
         super().__init__(f"corrupt object {url}: {reason}")
         self.url = url
         self.reason = reason
+
+    def __reduce__(self) -> tuple:   # raised in worker tasks: it travels back to the driver
+        return (CorruptObjectError, (self.url, self.reason))
 
 
 class NotCommittedError(StorageError):

@@ -13,13 +13,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from .errors import StorageError, StorageUnavailableError
+from .errors import StorageError, StoragePermanentError, StorageUnavailableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PERMANENT_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
                         NotADirectoryError)
+# What no retry can fix, with what to do about it; raised at once as StoragePermanentError.
+_PERMANENT_ERRNOS = {errno.EROFS: "the file system is read-only; write the run elsewhere (--store)",
+                     errno.ENOSPC: "the disk is full; free space, then resume",
+                     errno.EDQUOT: "the disk quota is exhausted; free space, then resume"}
 _TRANSIENT_NAMES = ("ConnectionError", "EndpointConnectionError", "ConnectTimeoutError",
                     "ReadTimeoutError", "ConnectionClosedError", "HTTPClientError",
                     "ServerDisconnectedError", "ClientConnectorError", "ClientOSError",
@@ -62,7 +66,8 @@ def is_transient(exc: BaseException) -> bool:
     status = _http_status(exc)
     if status is not None:  # an answer from the server: only throttling and 5xx may pass
         return status == 429 or status >= 500
-    if isinstance(exc, OSError) and exc.errno in (errno.EINVAL, errno.EACCES, errno.ENOENT):
+    if isinstance(exc, OSError) and exc.errno in (errno.EINVAL, errno.EACCES, errno.ENOENT,
+                                                  errno.EPERM, *_PERMANENT_ERRNOS):
         return False
     if isinstance(exc, (OSError, TimeoutError)):
         return True
@@ -112,6 +117,11 @@ def call_with_retry(fn: Callable[[], T], *, what: str, url: str, policy: RetryPo
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified right below
+            if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+                raise StoragePermanentError(
+                    f"could not {what} {url}: {scrub(str(exc))}. Not retried: "
+                    f"{_PERMANENT_ERRNOS[exc.errno]}; data committed before this error is "
+                    "intact.") from exc
             if not is_transient(exc):
                 raise
             attempt += 1

@@ -49,7 +49,7 @@ class RunStore:
                             f"{type(target).__name__}")
         location = open_location(config)
         if config.check_on_open:
-            check_reachable(location, create_bucket=config.create_bucket and create)
+            check_reachable(location, create_bucket=config.create_bucket and create, create=create)
         store = cls(config, location)
         if create:
             store.manifest.create()

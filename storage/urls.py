@@ -231,13 +231,18 @@ def open_location(config: StorageConfig) -> RunLocation:
                        endpoint_url=endpoint, policy=policy)
 
 
-def check_reachable(loc: RunLocation, *, create_bucket: bool = False) -> None:
-    """Fail fast, with a message naming the URL and endpoint, if the run store is unusable."""
+def check_reachable(loc: RunLocation, *, create_bucket: bool = False, create: bool = True) -> None:
+    """Fail fast, with a message naming the URL and endpoint, if the run store is unusable.
+
+    Without ``create`` nothing is made: a missing local run folder is left missing.
+    """
     if loc.scheme == "memory":
         return
     if loc.scheme == "file":
         if os.path.exists(loc.root) and not os.path.isdir(loc.root):
             raise StorageUnavailableError(f"run URL {loc.url} is a file, not a directory")
+        if not create:
+            return
         try:
             os.makedirs(loc.root, exist_ok=True)
         except OSError as exc:

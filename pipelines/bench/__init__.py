@@ -41,4 +41,5 @@ def write_result(result: dict, path: str | Path | None) -> str:
 
 def load_benches() -> None:
     """Import the benchmark modules so they register themselves."""
-    from pipelines.bench import convergence, learning, overhead, preemption, storage  # noqa: F401
+    from pipelines.bench import (convergence, learning, overhead, preemption,  # noqa: F401
+                                 stock, storage)

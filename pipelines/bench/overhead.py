@@ -14,7 +14,6 @@ ratios are taken over the sums.
 """
 from __future__ import annotations
 
-import copy
 import tempfile
 import time
 from pathlib import Path
@@ -57,9 +56,7 @@ def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) ->
 
 
 def _session_run(config: RunConfig, mode: str, url: str, iterations: int) -> tuple[list, list]:
-    cfg = copy.deepcopy(config)
-    cfg.mode = mode
-    cfg.cluster.dashboard = False
+    cfg = config.with_values({"mode": mode, "cluster.dashboard": False})
     with Session.from_config(cfg, store=url) as session:
         session.run(iterations)
         return session.results, session.task_records()

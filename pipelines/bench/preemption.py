@@ -14,7 +14,6 @@ next attempt commits elsewhere.
 """
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import tempfile
@@ -65,7 +64,7 @@ def fit_time_scale(trace_path: Path, cap: int, min_gap_s: float = MIN_DROP_GAP_S
 
 
 def _run(config: RunConfig, url: str, iterations: int) -> dict:
-    with Session.from_config(copy.deepcopy(config), store=url) as session:
+    with Session.from_config(config, store=url) as session:
         session.run(iterations)
         out = {"results": session.results, "records": session.task_records(),
                "injector": session.injector.log if session.injector else [],
@@ -186,7 +185,7 @@ class Throttle:
 
 def balance(config: RunConfig, url: str) -> dict:
     """Busy time per spot worker, pull vs push, with one spot worker at half speed."""
-    cfg = copy.deepcopy(config)
+    cfg = config
     with Session.from_config(cfg, store=url) as session:
         for f in session._warm_up:
             f.result()
@@ -195,7 +194,7 @@ def balance(config: RunConfig, url: str) -> dict:
         pid = session.cluster.cluster.workers[slow].pid
         with Throttle(pid):
             for k, how in enumerate(("pull", "push")):
-                driver.config.preemption.dispatch = how
+                driver.config = driver.config.with_values({"preemption.dispatch": how})
                 started = time.time()
                 work = driver.submit_exploration(k, 0, SPOT)
                 driver.wait_all(work)
@@ -240,9 +239,8 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-preemption-"))
     clean = _run(cfg, str(root / "clean"), iterations)
     scale = time_scale or fit_time_scale(trace_path, cfg.cluster.spot_workers)
-    chaos_cfg = copy.deepcopy(cfg)
-    chaos_cfg.injector.trace, chaos_cfg.injector.time_scale = str(trace_path), scale
-    chaos_cfg.injector.action = "mixed"
+    chaos_cfg = cfg.with_values({"injector.trace": str(trace_path.resolve()),
+                                 "injector.time_scale": scale, "injector.action": "mixed"})
     chaos = _run(chaos_cfg, str(root / "chaos"), iterations)
     figures = preemption_figures(chaos, _step_seconds(clean["records"]))
     summaries = [d["summary"] for d in chaos["dispatch"]]

@@ -52,15 +52,24 @@ def audit_due(iteration: int, audit_every: int) -> bool:
     return audit_every > 0 and iteration > 0 and iteration % audit_every == 0
 
 
-def audit_subset(seed: int, iteration: int, prompts: int, candidates: int,
-                 k: int) -> list[tuple[int, int]]:
-    """``k`` distinct (prompt, candidate) pairs to re-score with fresh weights (deterministic)."""
-    total = prompts * candidates
-    if total == 0:
-        return []
+def audit_picks(seed: int, iteration: int, explored: Sequence[int], prompts: int,
+                per_prompt: int) -> list[tuple[int, list[int]]]:
+    """Which explored candidates an audit re-scores with fresh weights (deterministic).
+
+    ``explored[p]`` is how many candidates prompt p has. Up to ``prompts`` prompts with at least
+    two candidates are drawn at random, and up to ``per_prompt`` of each one's candidates:
+    a random sample of the stale ranking, blind to which seeds selection kept, so its τ is
+    unbiased (τ over the selected seeds is not: selection keeps the extremes).
+    """
     rng = np.random.default_rng([seed, iteration, 0xA0D17])
-    flat = np.sort(rng.choice(total, size=min(k, total), replace=False))
-    return [(int(f // candidates), int(f % candidates)) for f in flat]
+    eligible = [p for p, n in enumerate(explored) if n >= 2]
+    if not eligible:
+        return []
+    chosen = np.sort(rng.choice(eligible, size=min(prompts, len(eligible)), replace=False))
+    return [(int(p), sorted(int(c) for c in rng.choice(explored[p], size=min(per_prompt,
+                                                                              explored[p]),
+                                                       replace=False)))
+            for p in chosen]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from spotlight.config import PlannerConfig
+from spotlight.config import PlannerConfig, SamplerConfig, faithful_replay
 
 
 def predict_train_seconds(history: list[float], window: int) -> float | None:
@@ -63,9 +63,12 @@ class Plan:
 class ExplorationPlanner:
     """UCB over (N, M) arms restricted to those that fit the budget; deterministic."""
 
-    def __init__(self, config: PlannerConfig) -> None:
+    def __init__(self, config: PlannerConfig, sampler: SamplerConfig | None = None) -> None:
         self.config = config
-        self.arms = sorted({(n, m) for n in config.candidates for m in config.steps})
+        # With ``sampler``, M arms that would not replay the rollout's own random process (they
+        # coarsen the whole grid; config validation warned about them) are left out.
+        steps = [m for m in config.steps if sampler is None or faithful_replay(sampler, m)]
+        self.arms = sorted({(n, m) for n in config.candidates for m in steps})
         self.pulls = [0] * len(self.arms)
         self.payoff_sum = [0.0] * len(self.arms)
         self.best_raw = 0.0      # running max of raw payoffs: payoffs are normalised by it so
@@ -171,8 +174,9 @@ class ExplorationPlanner:
                 "events": self.events[-200:]}
 
     @classmethod
-    def from_dict(cls, config: PlannerConfig, data: dict) -> "ExplorationPlanner":
-        planner = cls(config)
+    def from_dict(cls, config: PlannerConfig, data: dict,
+                  sampler: SamplerConfig | None = None) -> "ExplorationPlanner":
+        planner = cls(config, sampler)
         if [list(a) for a in planner.arms] != data["arms"]:
             raise ValueError(f"the recorded planner arms {data['arms']} differ from the config's "
                              f"{planner.arms}; resume with the run's own config")

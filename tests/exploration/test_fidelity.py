@@ -8,7 +8,8 @@ import pytest
 
 from spotlight.config import ConfigError, FidelityConfig
 from spotlight.exploration.fidelity import (FALLBACK, TRUSTING, RankFidelityMonitor, audit_due,
-                                            audit_subset, grouped_kendall_tau, kendall_tau)
+                                            audit_picks, grouped_kendall_tau, kendall_tau)
+from spotlight.exploration.selection import max_variance_subset
 
 
 def test_tau_of_identical_and_reversed_rankings():
@@ -91,14 +92,64 @@ def test_nan_tau_is_ignored_and_the_monitor_resumes_from_its_dict():
         assert copy.observe(k, t) == m.observe(k, t)
 
 
-def test_audit_subset_is_deterministic_distinct_and_in_range():
-    a = audit_subset(0, 5, prompts=4, candidates=6, k=10)
-    assert a == audit_subset(0, 5, prompts=4, candidates=6, k=10)
-    assert a != audit_subset(0, 10, prompts=4, candidates=6, k=10)
-    assert len(set(a)) == 10 and all(0 <= p < 4 and 0 <= c < 6 for p, c in a)
-    assert len(audit_subset(0, 5, prompts=2, candidates=2, k=10)) == 4
+def test_audit_picks_are_deterministic_distinct_and_in_range():
+    explored = [6, 1, 6, 6, 0, 6]
+    a = audit_picks(0, 5, explored, prompts=3, per_prompt=4)
+    assert a == audit_picks(0, 5, explored, prompts=3, per_prompt=4)
+    assert a != audit_picks(0, 10, explored, prompts=3, per_prompt=4)
+    assert len(a) == 3 and all(p in (0, 2, 3, 5) for p, _ in a)   # never a prompt of < 2
+    assert all(len(set(cs)) == len(cs) == 4 and all(0 <= c < 6 for c in cs) for _, cs in a)
+    assert audit_picks(0, 5, [3, 1], prompts=4, per_prompt=8) == [(0, [0, 1, 2])]
+    assert audit_picks(0, 5, [1, 0], prompts=4, per_prompt=8) == []
     assert [audit_due(k, 5) for k in (0, 4, 5, 10)] == [False, False, True, True]
     assert not audit_due(5, 0)
+
+
+def _iteration_taus(rng, relation: float, prompts: int = 32, candidates: int = 32,
+                    group: int = 8) -> tuple[float, float, float]:
+    """One iteration of stale exploration, simulated: fresh scores, stale = relation x fresh +
+    noise. Returns τ over the seeds max-variance selection kept, τ of a random audit (4 prompts
+    x 8 candidates, as configured by default) and τ over every candidate (the truth)."""
+    fresh = rng.random((prompts, candidates))
+    stale = relation * fresh + rng.normal(0.0, 0.3, (prompts, candidates))
+    seeds = np.arange(candidates)
+    kept = [max_variance_subset(stale[p], seeds, group) for p in range(prompts)]
+    selected = grouped_kendall_tau([stale[p, k] for p, k in enumerate(kept)],
+                                   [fresh[p, k] for p, k in enumerate(kept)])
+    picks = audit_picks(int(rng.integers(1 << 30)), 0, [candidates] * prompts, 4, 8)
+    audit = grouped_kendall_tau([stale[p, cs] for p, cs in picks], [fresh[p, cs] for p, cs in picks])
+    return selected, audit, grouped_kendall_tau(stale, fresh)
+
+
+@pytest.mark.parametrize("relation", [0.0, 0.3])
+def test_monitor_on_audits_falls_back_within_its_window_when_the_stale_ranking_is_lost(relation):
+    """Stale and fresh rankings unrelated (0.0) or weakly related (0.3: τ about 0.19 over all
+    candidates, below the floor): the audit τ takes the monitor to the fallback within
+    ``window`` audited iterations."""
+    rng = np.random.default_rng(7)
+    config = FidelityConfig(floor=0.3, window=5, min_iterations=3)
+    monitor = RankFidelityMonitor(config)
+    states = [monitor.observe(k, _iteration_taus(rng, relation)[1]).state
+              for k in range(config.window)]
+    assert FALLBACK in states, states
+
+
+def test_selection_biases_the_selected_seed_tau_and_the_audit_does_not():
+    """Why the monitor watches audits: selection keeps each prompt's extremes, which inflates τ
+    over the kept seeds (0.31 against a true 0.19 here: above a 0.3 floor, so a monitor on it
+    would never fall back); a random audit's τ is the truth's, give or take its noise."""
+    rng = np.random.default_rng(7)
+    taus = np.array([_iteration_taus(rng, 0.3) for _ in range(100)])
+    selected, audit, truth = taus.mean(axis=0)
+    assert selected > truth + 0.08
+    assert abs(audit - truth) < 0.04
+
+
+def test_monitor_on_audits_keeps_trusting_a_faithful_stale_ranking():
+    rng = np.random.default_rng(3)
+    monitor = RankFidelityMonitor(FidelityConfig(floor=0.3, window=5, min_iterations=3))
+    for k in range(10):
+        assert monitor.observe(k, _iteration_taus(rng, 2.0)[1]).state == TRUSTING
 
 
 def test_fidelity_config_errors_name_the_fields():

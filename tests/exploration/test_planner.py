@@ -135,3 +135,23 @@ def test_replay_steps_past_the_rollouts_mean_the_rollouts_own():
     first = planner.plan(0, PROMPTS, GROUP, 1, [], None, ROLLOUT_STEPS)
     assert first.steps == 6   # cold start: the cheapest arm, the 6-step replay
     assert planner._steps(planner.arms.index((16, 12)), ROLLOUT_STEPS) == ROLLOUT_STEPS
+
+
+@pytest.mark.parametrize("gamma", [0.3, 0.0])
+def test_the_exploration_bonus_revisits_an_arm_that_looked_worse(gamma):
+    """UCB, not greedy: an arm tried once with a slightly lower payoff is tried again as the
+    better-looking one piles up pulls -- and only because of the bonus (gamma)."""
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0], gamma=gamma))
+    gain = {16: 1.50, 32: 1.45}   # as measured: 32 candidates looks a little worse
+    chosen = []
+    for k in range(40):
+        plan = planner.plan(k, PROMPTS, GROUP, 4, [100.0], 0.001, ROLLOUT_STEPS)
+        chosen.append(plan.candidates)
+        planner.record(plan, 1.0, selected_std=0.2 * gain[plan.candidates], random_std=0.2,
+                       billed_s=1.0)
+    assert chosen[:2] == [16, 32]   # every fitting arm once, cheapest first
+    revisits = chosen[2:].count(32)
+    if gamma:
+        assert revisits >= 2, chosen
+    else:
+        assert revisits == 0, chosen

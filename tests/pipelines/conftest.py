@@ -4,13 +4,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from spotlight.config import PROJECT_ROOT as ROOT
+
 from spotlight.config import load_config
 
 TINY_RUN = {
     "iterations": 2,
     "world": {"task": "ocr", "canvas_height": 12, "canvas_width": 32,
-              "train_prompts": "configs/prompts/ocr_train.txt",
-              "val_prompts": "configs/prompts/ocr_val.txt"},
+              "train_prompts": str(ROOT / "configs/prompts/ocr_train.txt"),
+              "val_prompts": str(ROOT / "configs/prompts/ocr_val.txt")},
     "model": {"num_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16, "text_dim": 16,
               "text_layers": 1},
     "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},

@@ -5,12 +5,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotlight.config import PROJECT_ROOT as ROOT
+
 from spotlight import main
 
 TINY = {
     "iterations": 2,
     "world": {"task": "ocr", "canvas_height": 12, "canvas_width": 32,
-              "train_prompts": "configs/prompts/ocr_train.txt", "val_prompts": "configs/prompts/ocr_val.txt"},
+              "train_prompts": str(ROOT / "configs/prompts/ocr_train.txt"), "val_prompts": str(ROOT / "configs/prompts/ocr_val.txt")},
     "model": {"num_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16, "text_dim": 16,
               "text_layers": 1},
     "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
@@ -125,4 +127,4 @@ def test_run_names_a_missing_preemption_trace(tmp_path, capsys):
 
     assert main(["run", "--preempt-trace", str(tmp_path / "nope.csv")]) == 2
     err = capsys.readouterr().err
-    assert "nope.csv" in err and "no such file" in err
+    assert "nope.csv" in err and "does not exist" in err

@@ -161,11 +161,12 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed)), capture_output=True,
                           text=True, timeout=500)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "resuming after iteration" in done.stdout
+    assert "resuming" in done.stdout and "after iteration" in done.stdout
 
     a, b = RunStore.open(str(clean), create=False), RunStore.open(str(killed), create=False)
     assert a.latest_checkpoint() == b.latest_checkpoint() == 3
     wa, wb = a.load_checkpoint(3), b.load_checkpoint(3)
+    assert wa.weights and sorted(wa.weights) == sorted(wb.weights)
     for name, tensor in wa.weights.items():
         assert torch.equal(tensor, wb.weights[name]), name
     ra, rb = a.open_rewards(), b.open_rewards()
@@ -216,23 +217,24 @@ def test_run_against_real_dask_scheduler_and_workers(remote_cluster, tiny_run_co
     address, start_worker = remote_cluster
     start_worker("gpu", "gpu-remote")
     start_worker("spot", "spot-remote")
-    tiny_run_config.cluster.scheduler = address
+    tiny_run_config = tiny_run_config.with_values({"cluster.scheduler": address})
     with Session.from_config(tiny_run_config, store=str(tmp_path / "run")) as session:
         session.run(2)
         records = task_records(session.store, 2)
-    assert {r["worker"] for r in records if r["stage"] == "explore"} == {"spot-remote"}
-    assert {r["worker"] for r in records if r["stage"] != "explore"} == {"gpu-remote"}
+    on_spot = {"explore", "audit"}
+    assert {r["worker"] for r in records if r["stage"] in on_spot} == {"spot-remote"}
+    assert {r["worker"] for r in records if r["stage"] not in on_spot} == {"gpu-remote"}
 
 
 def test_cluster_without_spot_worker_says_so_and_offers_the_fallback(remote_cluster, tiny_run_config,
                                                                       tmp_path):
     address, start_worker = remote_cluster
     start_worker("gpu", "gpu-only")
-    tiny_run_config.cluster.scheduler = address
-    tiny_run_config.cluster.worker_wait_s = 3
+    tiny_run_config = tiny_run_config.with_values({"cluster.scheduler": address,
+                                                   "cluster.connect_timeout_s": 5})
     with pytest.raises(ClusterError, match=r"no worker with resource 'spot'.*--mode sync"):
         Session.from_config(tiny_run_config, store=str(tmp_path / "a"))
-    tiny_run_config.cluster.missing_spot = "sync"
+    tiny_run_config = tiny_run_config.with_values({"cluster.missing_spot": "sync"})
     with Session.from_config(tiny_run_config, store=str(tmp_path / "b")) as session:
         assert session.mode == "sync"
         session.run(1)

@@ -16,10 +16,9 @@ def brightness(images, prompts):
 @pytest.fixture
 def trainer(tiny_config):
     torch.manual_seed(0)
-    tiny_config.grpo.lr = 3e-3
-    tiny_config.grpo.beta_kl = 0.0
-    policy = DigitsPolicy(tiny_config.model, 12, 32)
-    return FlowGRPO(tiny_config, policy, brightness, check_rewards)
+    config = tiny_config.with_values({"grpo.lr": 3e-3, "grpo.beta_kl": 0.0})
+    policy = DigitsPolicy(config.model, 12, 32)
+    return FlowGRPO(config, policy, brightness, check_rewards)
 
 
 def test_grpo_raises_a_simple_reward(trainer):
@@ -37,8 +36,8 @@ def test_grpo_raises_a_simple_reward(trainer):
 
 def test_kl_to_reference_is_zero_before_any_update_and_grows_after(tiny_config):
     torch.manual_seed(0)
-    tiny_config.grpo.beta_kl = 0.1
-    tiny_config.grpo.micro_batch = 8  # one update per iteration: the first sees the reference weights
+    # micro_batch 8: one update per iteration, so the first sees the reference weights
+    tiny_config = tiny_config.with_values({"grpo.beta_kl": 0.1, "grpo.micro_batch": 8})
     trainer = FlowGRPO(tiny_config, DigitsPolicy(tiny_config.model, 12, 32), brightness, check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     first, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
@@ -74,7 +73,8 @@ def test_non_finite_rewards_are_refused_before_any_update(tiny_config, bad):
 
 
 def test_the_decayed_learning_rate_is_the_one_the_optimizer_steps_with(trainer):
-    trainer.config.grpo.lr_decay_iterations, trainer.config.grpo.lr_min_fraction = 4, 0.25
+    trainer.config = trainer.config.with_values({"grpo.lr_decay_iterations": 4,
+                                                 "grpo.lr_min_fraction": 0.25})
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     seen = []
     for k in (0, 2, 6):

@@ -201,3 +201,19 @@ def test_random_event_storms_lose_no_request(seed):
         for r in [r for r in d.requests.values() if r.state is RequestState.RUNNING]:
             d.handle(RequestDone(r.name, r.attempt))
     assert d.count(RequestState.DONE) == 30
+
+
+def test_a_lost_worker_with_several_slots_requeues_every_request_it_held():
+    d = Dispatcher()
+    submit(d, ["a", "b", "c", "d"])
+    d.handle(WorkerJoined("big", slots=3))
+    d.handle(RequestProgressed("a", 2))
+    d.handle(RequestProgressed("c", 5))
+    actions = d.handle(WorkerLost("big"))
+    assert sorted((r.request, r.step) for r in of(actions, Requeued)) == [("a", 2), ("b", 0),
+                                                                          ("c", 5)]
+    assert sorted(d.queue) == ["a", "b", "c", "d"]
+    assert all(d.requests[r].state is RequestState.QUEUED for r in "abcd")
+    assigned = of(d.handle(WorkerJoined("next", slots=4)), Assign)
+    assert sorted((a.request, a.resume_step) for a in assigned) == [("a", 2), ("b", 0), ("c", 5),
+                                                                    ("d", 0)]

@@ -1,7 +1,9 @@
 """S3 faults against a real S3 API server (moto) on loopback, through s3fs."""
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import socket
 
 import numpy as np
@@ -106,3 +108,36 @@ def test_env_credentials_and_endpoint(moto_s3, monkeypatch):
     assert store.location.endpoint_url == moto_s3.endpoint
     assert RunStore.open(moto_s3.config("runs/from-env"), create=False).is_stage_done(
         "iter-0/explore")
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.ENOSPC, errno.EDQUOT])
+def test_a_read_only_or_full_store_fails_at_once_with_what_to_do(code):
+    from storage.errors import StoragePermanentError
+    from storage.retry import RetryPolicy, call_with_retry
+
+    calls = []
+
+    def write():
+        calls.append(1)
+        raise OSError(code, os.strerror(code), "/runs/r1/manifest.json")
+
+    with pytest.raises(StoragePermanentError, match=r"could not write manifest of file:///runs/r1"
+                                                    r".*Not retried: .*intact"):
+        call_with_retry(write, what="write manifest of", url="file:///runs/r1",
+                        policy=RetryPolicy(retries=4, backoff_s=0.01))
+    assert len(calls) == 1
+
+
+def test_permission_denied_is_raised_at_once():
+    from storage.retry import RetryPolicy, call_with_retry
+
+    calls = []
+
+    def write():
+        calls.append(1)
+        raise PermissionError(errno.EACCES, "Permission denied", "/runs/r1/manifest.json")
+
+    with pytest.raises(PermissionError):
+        call_with_retry(write, what="write manifest of", url="file:///runs/r1",
+                        policy=RetryPolicy(retries=4, backoff_s=0.01))
+    assert len(calls) == 1

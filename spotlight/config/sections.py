@@ -1,61 +1,16 @@
-"""Typed run configuration: one dataclass per component, loaded from YAML and validated up front.
+"""The components' configs: one frozen, validated dataclass per component.
 
-Every field carries its allowed range or choices in its metadata; validation runs in
-``__post_init__`` so a bad value is refused before any worker starts or any file is written.
-An unknown YAML key is an error naming the key, its file and the nearest valid key.
+Every field documents itself (``help``) and states its allowed range or choices; the generated
+reference (``docs/configuration.md``) is made from exactly these declarations.
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import hashlib
-import json
-import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import yaml
+from spotlight.config.base import ConfigError, Validated, spec
 
 
-class ConfigError(ValueError):
-    """A configuration file or value is invalid; the message says what to change."""
-
-
-def spec(default: Any, help: str, *, range: tuple[float, float] | None = None,
-         choices: tuple[Any, ...] | None = None) -> Any:
-    """A dataclass field with its documentation and validation rule."""
-    meta = {"help": help, "range": range, "choices": choices}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-class Validated:
-    """Mixin: checks every field against its range/choices after construction."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            rng, choices = f.metadata.get("range"), f.metadata.get("choices")
-            where = f"{type(self).__name__}.{f.name}"
-            if choices is not None and value not in choices:
-                raise ConfigError(f"{where} = {value!r} is not allowed; choose one of {list(choices)}")
-            if rng is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ConfigError(f"{where} = {value!r} must be a number in [{rng[0]}, {rng[1]}]")
-                if not math.isfinite(value) or not rng[0] <= value <= rng[1]:
-                    raise ConfigError(f"{where} = {value!r} is out of range; allowed range is "
-                                      f"[{rng[0]}, {rng[1]}]")
-        self.validate()
-
-    def validate(self) -> None:
-        """Cross-field checks; override where fields constrain each other."""
-
-
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class WorldConfig(Validated):
     """The embedded digits world: which task, canvas size and prompt files."""
 
@@ -65,8 +20,10 @@ class WorldConfig(Validated):
     canvas_width: int = spec(32, "Canvas width in pixels (even, for 2x2 packing).", range=(16, 128))
     glyphs_per_class: int = spec(6, "Handwritten instances per digit the world draws from "
                                  "(0 = all ~180); fewer styles pretrain faster.", range=(0, 200))
-    train_prompts: str = spec("configs/prompts/ocr_train.txt", "Training prompt file.")
-    val_prompts: str = spec("configs/prompts/ocr_val.txt", "Held-out validation prompt file.")
+    train_prompts: str = spec("configs/prompts/ocr_train.txt", "Training prompt file (relative to "
+                               "the config file that names it).", path="exists")
+    val_prompts: str = spec("configs/prompts/ocr_val.txt", "Held-out validation prompt file "
+                             "(relative to the config file that names it).", path="exists")
 
     def validate(self) -> None:
         if self.canvas_height % 2 or self.canvas_width % 2:
@@ -79,7 +36,7 @@ class WorldConfig(Validated):
                               "(two rows of three object slots)")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ModelConfig(Validated):
     """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
 
@@ -101,7 +58,7 @@ class ModelConfig(Validated):
                               "divisible by 8 (split across three RoPE axes)")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class PretrainConfig(Validated):
     """Flow-matching pretraining of the base model on composed canvases."""
 
@@ -113,7 +70,7 @@ class PretrainConfig(Validated):
     seed: int = spec(0, "Seed of data composition and initialisation.", range=(0, 2**31 - 1))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class RewardConfig(Validated):
     """Reward by registered name plus the digit recogniser behind it."""
 
@@ -122,7 +79,7 @@ class RewardConfig(Validated):
     recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class SamplerConfig(Validated):
     """The denoising sampler used for rollouts (SDE) and validation (ODE)."""
 
@@ -132,7 +89,8 @@ class SamplerConfig(Validated):
                          choices=("flow", "cps"))
     sde_window_start: int = spec(0, "First step that uses the SDE (and is trained).",
                                  range=(0, 1000))
-    sde_window_size: int = spec(4, "Number of SDE steps; 0 = every step from the start. Early "
+    sde_window_size: int = spec(4, "Number of SDE steps (cut at num_steps); 0 = every step "
+                                "from the start. Early "
                                 "steps decide which digit goes where; late ones only render it.",
                                 range=(0, 1000))
     shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).", range=(0.1, 20.0))
@@ -143,7 +101,7 @@ class SamplerConfig(Validated):
                               f"below num_steps = {self.num_steps}")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class GRPOConfig(Validated):
     """Flow-GRPO optimisation."""
 
@@ -171,7 +129,7 @@ class GRPOConfig(Validated):
                           choices=("transformer", "all"))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ValidationConfig(Validated):
     """Held-out prompts x fixed seeds, deterministic ODE sampling."""
 
@@ -180,7 +138,7 @@ class ValidationConfig(Validated):
     every: int = spec(5, "Validate every N iterations.", range=(1, 10**6))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ExplorationConfig(Validated):
     """Seed exploration: candidate seeds per prompt, scored by replaying the rollout sampler."""
 
@@ -202,17 +160,17 @@ class ExplorationConfig(Validated):
                        choices=("iteration", "train"))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class PlannerConfig(Validated):
     """The exploration planner: a bandit over (N candidates, M steps) under the training time."""
 
     enabled: bool = spec(True, "Plan N and M per iteration; false explores exploration.candidates "
                                "with the rollout's steps every iteration.")
-    candidates: list = spec([16, 24, 32], "The N arms: candidate seeds per prompt (only N > "
+    candidates: list[int] = spec([16, 24, 32], "The N arms: candidate seeds per prompt (only N > "
                                           "grpo.group_size selects anything).")
     # Measured on the digits world (10 steps, SDE window 4): a 7-step replay ranks seeds at
     # Kendall tau 0.89 against the full one, a 6-step replay at 0.78, for 70% / 60% of its cost.
-    steps: list = spec([0, 7, 6], "The M arms: model evaluations per replay (0 = the rollout's "
+    steps: list[int] = spec([0, 7, 6], "The M arms: model evaluations per replay (0 = the rollout's "
                                   "steps; fewer compress the ODE tail after the SDE window).")
     gamma: float = spec(0.3, "UCB bonus weight: larger tries settings more, smaller exploits.",
                         range=(0.0, 10.0))
@@ -237,20 +195,29 @@ class PlannerConfig(Validated):
                                   f"integers >= {low}, e.g. [8, 16, 32]")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class FidelityConfig(Validated):
-    """Rank fidelity of stale exploration: Kendall τ every iteration, audits, fallback."""
+    """Rank fidelity of stale exploration: audits drive the fallback, with hysteresis.
 
-    floor: float = spec(0.3, "Rolling τ below this falls back.", range=(-1.0, 1.0))
-    recover_margin: float = spec(0.05, "Return when the rolling τ reaches floor + margin.",
+    The fallback watches the *audit* τ: random candidates re-scored with fresh weights, an
+    unbiased sample of the stale ranking. The τ over the seeds that were selected (reported
+    every iteration as ``kendall_tau``) is biased upwards by the selection itself.
+    """
+
+    floor: float = spec(0.3, "Rolling audit τ below this falls back.", range=(-1.0, 1.0))
+    recover_margin: float = spec(0.05, "Return when the rolling audit τ reaches floor + margin.",
                                  range=(0.0, 1.0))
-    window: int = spec(5, "Iterations in the rolling τ.", range=(1, 1000))
-    min_iterations: int = spec(3, "Measured iterations before any decision.", range=(1, 1000))
+    window: int = spec(5, "Audits in the rolling τ (one per audited iteration).",
+                       range=(1, 1000))
+    min_iterations: int = spec(3, "Audited iterations before any decision.", range=(1, 1000))
     fallback: str = spec("sync", "While τ is low: 'sync' (explore with fresh weights on gpu "
                                  "workers) or 'random' seeds.", choices=("sync", "random"))
-    audit_every: int = spec(5, "Re-score a random candidate subset with fresh weights every R "
-                               "iterations (0 = never).", range=(0, 10**6))
-    audit_candidates: int = spec(16, "Candidates per audit.", range=(2, 4096))
+    audit_every: int = spec(1, "Audit every R iterations (0 = never, and no fallback): "
+                               "re-score random candidates with fresh weights on spot workers "
+                               "while the gpu workers roll out.", range=(0, 10**6))
+    audit_prompts: int = spec(4, "Prompts per audit, drawn at random.", range=(1, 4096))
+    audit_candidates: int = spec(8, "Candidates per audited prompt, drawn at random (τ is "
+                                    "taken within each prompt).", range=(2, 4096))
 
     def validate(self) -> None:
         if self.min_iterations > self.window:
@@ -258,7 +225,29 @@ class FidelityConfig(Validated):
                               f"exceed FidelityConfig.window = {self.window}")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
+class TLSConfig(Validated):
+    """Mutual TLS between this client and a cluster spanning machines (all three files, or none)."""
+
+    ca_file: str = spec("", "CA certificate that signed the scheduler's and workers' "
+                            "certificates (PEM), relative to the config file.", path="exists")
+    cert: str = spec("", "This client's certificate (PEM), signed by the same CA.", path="exists")
+    key: str = spec("", "This client's private key (PEM); may be the certificate file if it "
+                        "holds both.", path="exists")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca_file or self.cert or self.key)
+
+    def validate(self) -> None:
+        missing = [n for n in ("ca_file", "cert") if not getattr(self, n)]
+        if self.enabled and missing:
+            raise ConfigError(f"TLSConfig: {', '.join(missing)} missing; TLS needs "
+                              "cluster.tls.ca_file and cluster.tls.cert (and key, unless the "
+                              "certificate file holds the key too)")
+
+
+@dataclass(kw_only=True, frozen=True)
 class ClusterConfig(Validated):
     """Where tasks run: an embedded local cluster, or an existing scheduler."""
 
@@ -268,14 +257,21 @@ class ClusterConfig(Validated):
     spot_workers: int = spec(1, "Embedded spot workers (resources spot=1).", range=(0, 64))
     threads_per_worker: int = spec(1, "Threads per worker; torch intra-op threads match it.",
                                    range=(1, 256))
-    connect_timeout_s: float = spec(10.0, "How long to wait for a scheduler to answer.",
-                                    range=(0.1, 3600.0))
-    worker_wait_s: float = spec(30.0, "How long to wait for the needed workers to join.",
+    connect_timeout_s: float = spec(30.0, "One hard deadline for reaching an existing "
+                                          "scheduler: the handshake and the wait for the worker "
+                                          "classes the run needs. A peer that is not a Dask "
+                                          "scheduler fails within it.", range=(0.1, 3600.0))
+    worker_wait_s: float = spec(30.0, "Embedded cluster: how long its workers may take to "
+                                      "start. During a run: how long a stage waits for a "
+                                      "worker class that has none left before the run stops.",
                                 range=(0.0, 3600.0))
     missing_spot: str = spec("error", "A spotlight-mode run on a cluster without spot workers: "
                                       "'error', or fall back to 'sync' exploration on gpu workers.",
                              choices=("error", "sync"))
-    dashboard: bool = spec(True, "Serve the Dask dashboard of an embedded cluster.")
+    dashboard: bool = spec(True, "Serve the Dask dashboard of an embedded cluster (on "
+                                 "127.0.0.1); false starts no HTTP server at all.")
+    tls: TLSConfig = field(default_factory=TLSConfig, metadata={
+        "help": "Mutual TLS to an existing scheduler (see cluster.tls.*)."})
     spot_nice: int = spec(10, "CPU niceness of embedded spot workers: on a shared machine they "
                               "take spare cycles only, as a separate spot VM would.", range=(0, 19))
 
@@ -283,16 +279,17 @@ class ClusterConfig(Validated):
 NOTICE_SOURCES = ("sigterm", "file", "aws", "gcp", "azure")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class PreemptionConfig(Validated):
     """How spot requests are dispatched and how a spot worker learns it is about to go."""
 
     dispatch: str = spec("pull", "'pull': a worker gets the next request when it has a free "
                                  "slot (balances, requeues on loss); 'push': Dask assigns all at "
                                  "once (for comparison only).", choices=("pull", "push"))
-    notice_sources: list = spec(["sigterm"], f"Where a spot worker hears of its preemption: any "
+    notice_sources: list[str] = spec(["sigterm"], f"Where a spot worker hears of its preemption: any "
                                              f"of {list(NOTICE_SOURCES)}.")
-    notice_file: str = spec("", "Path whose appearance is a notice (source 'file').")
+    notice_file: str = spec("", "Path whose appearance is a notice (source 'file').",
+                            path="optional")
     aws_url: str = spec("", "AWS spot instance-action URL (empty: the instance metadata default).")
     gcp_url: str = spec("", "GCP 'preempted' metadata URL (empty: the default).")
     azure_url: str = spec("", "Azure scheduled-events URL (empty: the default).")
@@ -312,11 +309,12 @@ class PreemptionConfig(Validated):
                               "empty; set preemption.notice_file to the path to watch")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class InjectorConfig(Validated):
     """Preemption injection on the embedded cluster: a spot trace replay or a Poisson rate."""
 
-    trace: str = spec("", "Spot trace to replay (count JSON or event CSV, see shared traces).")
+    trace: str = spec("", "Spot trace to replay (count JSON or event CSV, see shared traces), "
+                          "relative to the config file; empty: none.", path="exists")
     time_scale: float = spec(1.0, "Wall seconds per trace second (0.01: a 5 min tick lasts 3 s).",
                              range=(1e-9, 1e6))
     poisson_rate_per_hour: float = spec(0.0, "Without a trace: preemptions per spot worker-hour "
@@ -332,11 +330,12 @@ class InjectorConfig(Validated):
 MARKETS = ("on_demand", "spot")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class CostConfig(Validated):
     """What the cost ledger charges: a price table and the instance behind each worker class."""
 
-    prices: str = spec("configs/prices.yaml", "Price table file (USD per instance-hour).")
+    prices: str = spec("configs/prices.yaml", "Price table file (USD per instance-hour), "
+                                              "relative to the config file.", path="exists")
     provider: str = spec("aws", "Cloud provider in the price table.")
     gpu_instance: str = spec("p5.48xlarge", "Instance type the 'gpu' (on-demand) workers run on.")
     gpu_market: str = spec("on_demand", "Market the 'gpu' workers are bought on.", choices=MARKETS)
@@ -344,130 +343,3 @@ class CostConfig(Validated):
     spot_market: str = spec("spot", "Market the 'spot' workers are bought on.", choices=MARKETS)
 
 
-@dataclass(kw_only=True)
-class RunConfig(Validated):
-    """A whole run: every component's config plus the run's identity."""
-
-    seed: int = spec(0, "Run seed: with prompt id, sample seed and step it fixes all noise.",
-                     range=(0, 2**31 - 1))
-    iterations: int = spec(20, "RL iterations.", range=(0, 10**7))
-    threads: int = spec(2, "torch intra-op threads.", range=(1, 256))
-    world: WorldConfig = field(default_factory=WorldConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
-    mode: str = spec("spotlight", "'spotlight' (stale-weight exploration on spot workers during "
-                                  "training), 'sync' (exploration on gpu workers before the "
-                                  "rollout) or 'vanilla' (random seeds).",
-                     choices=("spotlight", "sync", "vanilla"))
-    store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
-    stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
-    injector: InjectorConfig = field(default_factory=InjectorConfig)
-    cost: CostConfig = field(default_factory=CostConfig)
-    source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data.pop("source")
-        return data
-
-    def validate(self) -> None:
-        grpo, explore = self.grpo, self.exploration
-        if grpo.micro_batch % grpo.group_size and grpo.micro_batch < grpo.prompts_per_iteration * grpo.group_size:
-            raise ConfigError(
-                f"grpo.micro_batch = {grpo.micro_batch} does not hold whole groups of "
-                f"grpo.group_size = {grpo.group_size}; use a multiple of {grpo.group_size} "
-                f"(e.g. {grpo.group_size * max(1, grpo.micro_batch // grpo.group_size)})")
-        if self.mode != "vanilla" and explore.candidates < grpo.group_size:
-            raise ConfigError(
-                f"exploration.candidates = {explore.candidates} cannot fill a group of "
-                f"grpo.group_size = {grpo.group_size}; explore at least {grpo.group_size} "
-                "candidates per prompt, or set mode: vanilla")
-
-
-def _build(cls: type, data: Any, path: str, source: str) -> Any:
-    """Build dataclass ``cls`` from a mapping, refusing unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{path or '<top level>'}' must be a mapping of keys to values, "
-                          f"got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.0)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise ConfigError(f"{source}: unknown key '{dotted}'{hint} "
-                              f"(valid keys here: {', '.join(names)})")
-        kwargs[key] = _coerce(hints[key], value, dotted, source)
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
-
-
-def _coerce(hint: Any, value: Any, dotted: str, source: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, dotted, source)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return value
-    expected = {bool: bool, int: int, float: (int, float), str: str}.get(hint)
-    if expected is None:
-        return value
-    if isinstance(value, bool) and hint is not bool:
-        expected = ()
-    elif hint is float and isinstance(value, str):
-        # PyYAML reads "3e-4" (no dot) as a string; accept what a user plainly meant as a number.
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if not isinstance(value, expected):
-        raise ConfigError(f"{source}: '{dotted}' = {value!r} must be of type {hint.__name__}")
-    return float(value) if hint is float else value
-
-
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Load and validate a YAML run config; ``overrides`` maps dotted keys to values."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file "
-                          "such as configs/digits.yaml")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    config = _build(RunConfig, data, "", str(path))
-    config.source = str(path)
-    return config
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse a ``--set key.path=value`` override; the value is read as YAML."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like section.key=value, e.g. grpo.lr=3e-4")
-    key, raw = text.split("=", 1)
-    return key.strip(), yaml.safe_load(raw)
-
-
-def config_hash(*parts: Any) -> str:
-    """Stable short hash of config sections (dataclasses or plain data)."""
-    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts],
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]

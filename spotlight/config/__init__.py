@@ -1,0 +1,324 @@
+"""Typed run configuration: one frozen dataclass per component, loaded from YAML, checked up front.
+
+Every field carries its type, allowed range or choices and documentation; validation runs at
+construction, so a bad value is refused before any worker starts or anything is written. An
+unknown YAML key is an error naming the key, its file and the nearest valid key. Files a config
+names (prompts, traces, prices, certificates) are resolved against the folder of the config
+file that names them and must exist and parse before a run store is created
+(:func:`check_files`). The reference of every field is ``docs/configuration.md``
+(:mod:`spotlight.config.reference`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotlight.config.base import ConfigError, Validated, build, replaced, spec
+from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, CostConfig,
+                                       ExplorationConfig, FidelityConfig, GRPOConfig,
+                                       InjectorConfig, ModelConfig, PlannerConfig,
+                                       PreemptionConfig, PretrainConfig, RewardConfig,
+                                       SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
+
+__all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
+           "check_files", "faithful_replay", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
+           "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
+           "ModelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
+           "SamplerConfig", "TLSConfig", "ValidationConfig", "WorldConfig"]
+
+# Defaults name files of this repository; they resolve against its root, not the working folder.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# Rewards built into the digits world, by the task they score.
+REWARD_TASKS = {"ocr": "ocr", "geneval": "geneval"}
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunConfig(Validated):
+    """A whole run: every component's config plus the run's identity."""
+
+    seed: int = spec(0, "Run seed: with prompt id, sample seed and step it fixes all noise.",
+                     range=(0, 2**31 - 1))
+    iterations: int = spec(20, "RL iterations.", range=(0, 10**7))
+    threads: int = spec(2, "torch intra-op threads.", range=(1, 256))
+    world: WorldConfig = field(default_factory=WorldConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    mode: str = spec("spotlight", "'spotlight' (stale-weight exploration on spot workers during "
+                                  "training), 'sync' (exploration on gpu workers before the "
+                                  "rollout) or 'vanilla' (random seeds).",
+                     choices=("spotlight", "sync", "vanilla"))
+    store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
+    stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    injector: InjectorConfig = field(default_factory=InjectorConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        return data
+
+    def with_values(self, values: dict[str, Any]) -> "RunConfig":
+        """A validated copy with dotted keys replaced: ``config.with_values({"mode": "sync"})``."""
+        return replaced(self, values)
+
+    def validate(self) -> None:
+        check_run(self)
+
+
+
+def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
+    """Whether an exploration replay of ``steps`` model evaluations ranks the rollout's own
+    random process: the full grid (0 or the rollout's steps), or a replay that keeps the SDE
+    window's sigmas and noise and compresses only the ODE tail after it. Anything else coarsens
+    the whole grid, moving the SDE noise to other sigmas: a different process (ranked at τ 0.49
+    on the digits world). With an all-SDE sampler (``sde_window_size: 0``) no shorter replay
+    is faithful."""
+    from spotlight.rl.sampler import sde_window_end   # the sampler owns what a window is
+
+    if steps == 0 or steps >= sampler.num_steps:   # the planner clamps longer arms to the rollout's
+        return True
+    return sde_window_end(sampler) < steps < sampler.num_steps
+
+
+def check_run(config: "RunConfig") -> None:
+    """Cross-section checks of a whole run."""
+    grpo, explore, sampler = config.grpo, config.exploration, config.sampler
+    if grpo.micro_batch % grpo.group_size and \
+            grpo.micro_batch < grpo.prompts_per_iteration * grpo.group_size:
+        raise ConfigError(
+            f"grpo.micro_batch = {grpo.micro_batch} does not hold whole groups of "
+            f"grpo.group_size = {grpo.group_size}; use a multiple of {grpo.group_size} "
+            f"(e.g. {grpo.group_size * max(1, grpo.micro_batch // grpo.group_size)})")
+    if config.mode != "vanilla" and explore.candidates < grpo.group_size:
+        raise ConfigError(
+            f"exploration.candidates = {explore.candidates} cannot fill a group of "
+            f"grpo.group_size = {grpo.group_size}; explore at least {grpo.group_size} "
+            "candidates per prompt, or set mode: vanilla")
+    task = REWARD_TASKS.get(config.reward.name)
+    if task is not None and task != config.world.task:
+        raise ConfigError(f"reward.name = {config.reward.name!r} scores the {task!r} task, but "
+                          f"world.task = {config.world.task!r}; use reward.name: "
+                          f"{config.world.task!r}")
+    if explore.steps > sampler.num_steps or not faithful_replay(sampler, explore.steps):
+        raise ConfigError(
+            f"exploration.steps = {explore.steps} does not replay the rollout's random process "
+            f"(sampler: {sampler.num_steps} steps, SDE window {sampler.sde_window_start}+"
+            f"{sampler.sde_window_size}); use 0 (the rollout's steps) or a count between the "
+            f"window's end and num_steps")
+    _check_planner_arms(config)
+    cluster = config.cluster
+    if not cluster.scheduler and cluster.spot_workers == 0 and config.mode == "spotlight" and \
+            cluster.missing_spot == "error":
+        raise ConfigError("cluster.spot_workers = 0 on an embedded cluster, but mode "
+                          "'spotlight' explores on spot workers; start at least one "
+                          "(cluster.spot_workers: 1), or run mode sync / vanilla, or set "
+                          "cluster.missing_spot: sync")
+
+
+def _check_planner_arms(config: "RunConfig") -> None:
+    planner, sampler, group = config.planner, config.sampler, config.grpo.group_size
+    if config.mode == "vanilla" or not planner.enabled:
+        return
+    small = [n for n in planner.candidates if n <= group]
+    if small:
+        raise ConfigError(f"planner.candidates {small} must each exceed grpo.group_size = "
+                          f"{group}: N <= G keeps every candidate and selects nothing; use e.g. "
+                          f"{[2 * group, 3 * group, 4 * group]}")
+    unfaithful = [m for m in planner.steps if not faithful_replay(sampler, m)]
+    if unfaithful and len(unfaithful) == len(planner.steps):
+        raise ConfigError(f"planner.steps {planner.steps}: none replays the rollout's random "
+                          f"process with this sampler; include 0 (the rollout's steps)")
+    if unfaithful:
+        warnings.warn(f"planner.steps {unfaithful} dropped: with the SDE window "
+                      f"{sampler.sde_window_start}+{sampler.sde_window_size} of "
+                      f"{sampler.num_steps} steps they would coarsen the whole grid and rank a "
+                      "different random process than the rollout samples", ConfigWarning,
+                      stacklevel=2)
+
+
+class ConfigWarning(UserWarning):
+    """A setting was adjusted at validation; the message says which and why."""
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file '{path}' cannot be read ({err}); pass a readable YAML "
+                          "file such as configs/digits.yaml") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}; fix the file at that line "
+                          "and column") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; a config is a mapping of sections "
+                          "such as 'grpo:' and 'sampler:' (see configs/digits.yaml)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections to settings, "
+                          f"got a {type(data).__name__}; see configs/digits.yaml")
+    return data
+
+
+def _path_fields(cls: type, prefix: str = "") -> list[str]:
+    """Dotted names of every field that names a file."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints.get(f.name)):
+            out += _path_fields(hints[f.name], f"{prefix}{f.name}.")
+        elif f.metadata.get("path"):
+            out.append(prefix + f.name)
+    return out
+
+
+def _resolve(value: Any, base: Path) -> Any:
+    if not isinstance(value, str) or not value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else Path(os.path.abspath(base / path)))
+
+
+def _get(data: dict, dotted: str) -> tuple[dict | None, str]:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return None, leaf
+    return (node if isinstance(node, dict) else None), leaf
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> "RunConfig":
+    """Load, resolve and validate a YAML run config; ``overrides`` maps dotted keys to values.
+
+    File paths in the YAML resolve against the YAML's folder, paths given as overrides against
+    the working folder, defaults against the project root; every named file must exist and
+    parse (:func:`check_files`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file "
+                          "such as configs/digits.yaml")
+    data = _read_yaml(path)
+    base = path.resolve().parent
+    paths = _path_fields(RunConfig)
+    for dotted in paths:
+        node, leaf = _get(data, dotted)
+        if node is not None and leaf in node:
+            node[leaf] = _resolve(node[leaf], base)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{dotted}': '{part}' is a value, not a section")
+            node = child
+        node[leaf] = _resolve(value, Path.cwd()) if dotted in paths else value
+    for dotted in paths:   # defaults name files of this repository
+        node, leaf = _get(data, dotted)
+        if node is None or leaf not in node:
+            section = data
+            for part in dotted.split(".")[:-1]:
+                section = section.setdefault(part, {})
+            if isinstance(section, dict):
+                default = _default_of(dotted)
+                section[leaf] = _resolve(default, PROJECT_ROOT)
+    config = build(RunConfig, data, "", str(path))
+    config = dataclasses.replace(config, source=str(path))
+    check_files(config)
+    return config
+
+
+def _default_of(dotted: str) -> Any:
+    node: Any = RunConfig()
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def check_files(config: "RunConfig") -> None:
+    """Every file the run names exists and parses; a ConfigError naming the key otherwise."""
+    from spotlight.cost import load_prices, worker_class_prices
+    from spotlight.models.prompts import PromptFileError, load_prompts
+    from spotlight.scheduling.traces import TraceError, load_trace
+
+    def must_exist(key: str, value: str) -> None:
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{config.source}: {key} = '{value}' does not exist; paths in a "
+                              "config file are relative to that file, paths given with --set "
+                              "or on the command line to the working folder")
+
+    for key in ("train_prompts", "val_prompts"):
+        value = getattr(config.world, key)
+        must_exist(f"world.{key}", value)
+        try:
+            load_prompts(value, config.world.task)
+        except (PromptFileError, ValueError) as err:
+            raise ConfigError(f"{config.source}: world.{key}: {err} (task "
+                              f"{config.world.task!r})") from None
+    if config.injector.trace:
+        must_exist("injector.trace", config.injector.trace)
+        try:
+            load_trace(config.injector.trace)
+        except (TraceError, ValueError) as err:
+            raise ConfigError(f"{config.source}: injector.trace: {err}") from None
+    must_exist("cost.prices", config.cost.prices)
+    try:
+        worker_class_prices(config.cost, load_prices(config.cost.prices))
+    except ValueError as err:
+        raise ConfigError(f"{config.source}: cost: {err}") from None
+    for key in ("ca_file", "cert", "key"):
+        must_exist(f"cluster.tls.{key}", getattr(config.cluster.tls, key))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse a ``--set key.path=value`` override; the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value, e.g. grpo.lr=3e-4")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"override '{text}': the value {raw!r} is not valid YAML; quote "
+                          "strings that hold ':' or '#'") from None
+    return key.strip(), value
+
+
+def from_stored(data: dict, source: str) -> "RunConfig":
+    """A config as a run store recorded it (paths absolute; older runs: relative to here)."""
+    config = build(RunConfig, data, "", source)
+    return dataclasses.replace(config, source=source)
+
+
+def config_hash(*parts: Any) -> str:
+    """Stable short hash of config sections (dataclasses or plain data)."""
+    blob = json.dumps([dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in parts],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_build = build   # older imports
