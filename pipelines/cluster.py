@@ -35,6 +35,25 @@ class TaskFailedError(RuntimeError):
     """A task raised on a worker; the message names the stage, the worker class and the error."""
 
 
+def task_error(exc: BaseException, what: str, resource: str) -> BaseException:
+    """What to raise for a task that raised ``exc`` on a worker: the store's own refusals (full,
+    read-only, corrupt, no permission) as they are, anything else as a :class:`TaskFailedError`
+    naming the stage and the worker class."""
+    import errno
+
+    from storage import StorageError
+
+    if isinstance(exc, (StorageError, PermissionError)) or (isinstance(exc, OSError) and exc.errno in (
+            errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)):
+        return exc
+    hint = (" The worker cannot import Spotlight: install the same version on every worker VM "
+            "(README: Running on your own cluster)." if isinstance(exc, ImportError) else "")
+    error = TaskFailedError(f"{what} failed on a '{resource}' worker: {type(exc).__name__}: "
+                            f"{exc}.{hint}")
+    error.__cause__ = exc
+    return error
+
+
 class RunInterrupted(RuntimeError):
     """The run was stopped (Ctrl-C, ``Session.stop``); everything committed stays resumable."""
 

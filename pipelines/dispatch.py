@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipelines.cluster import SPOT, ClusterHandle
+from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Ignored, NoticeReceived,
@@ -217,7 +217,9 @@ class RequestPool:
         if future.status == "error":
             if self.dispatcher.requests[request].state is RequestState.DONE:
                 return   # a superseded attempt failed: its request already has its answer
-            future.result()   # a bug in the request is an error, not a preemption
+            # a bug in the request is an error, not a preemption
+            raise task_error(future.exception(), f"{self.specs[request].stage} request "
+                                                 f"{request}", self.resource)
         try:
             # A result whose worker died before the gather is never coming back: the scheduler
             # would recompute the pinned key and wait for its dead worker for ever.

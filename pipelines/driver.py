@@ -14,7 +14,6 @@ a recorded stage is never recomputed: the driver can be killed anywhere and resu
 from __future__ import annotations
 
 import dataclasses
-import errno
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pipelines import worker as tasks
-from pipelines.cluster import GPU, SPOT, ClusterHandle, RunInterrupted, TaskFailedError
+from pipelines.cluster import GPU, SPOT, ClusterHandle, RunInterrupted, task_error
 from pipelines.dispatch import RequestSpec
 from pipelines.exploring import ExplorationBook
 from spotlight.config import RunConfig
@@ -34,11 +33,10 @@ from spotlight.exploration.fidelity import RankFidelityMonitor
 from spotlight.exploration.planner import ExplorationPlanner
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts, random_seeds
-from storage import RunStore, StorageError
+from storage import RunStore
 from storage.manifest import stage_key
 
 EventFn = Callable[[str, dict], None]
-STORAGE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
 
 
 @dataclass
@@ -128,15 +126,7 @@ class Driver(ExplorationBook):
         """The result of one task, or one clear error naming the stage if it raised."""
         self._await([future], what, resource)
         if future.status == "error":
-            exc = future.exception()
-            if isinstance(exc, (StorageError, PermissionError)) or \
-                    (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS):
-                raise exc   # the store refused (full, read-only, corrupt): a storage error
-            hint = (" The worker cannot import Spotlight: install the same version on every "
-                    "worker VM (README: Running on your own cluster)."
-                    if isinstance(exc, ImportError) else "")
-            raise TaskFailedError(f"{what} failed on a '{resource}' worker: "
-                                  f"{type(exc).__name__}: {exc}.{hint}") from exc
+            raise task_error(future.exception(), what, resource)
         return future.result()
 
     def _restored_ledger(self) -> CostLedger:

@@ -12,7 +12,7 @@ from dataclasses import asdict
 import numpy as np
 
 from pipelines import worker as tasks
-from pipelines.cluster import GPU, SPOT, Absence
+from pipelines.cluster import GPU, SPOT, Absence, task_error
 from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.exploration import Selection
 from spotlight.exploration.fidelity import audit_due, audit_picks, grouped_kendall_tau
@@ -67,7 +67,8 @@ class ExplorationBook:
 
         failed = [f for f in work if isinstance(f, Future) and f.status == "error"]
         if failed:
-            failed[0].result()   # an exploration bug is an error, not an unfinished candidate
+            # an exploration bug is an error, not an unfinished candidate
+            raise task_error(failed[0].exception(), f"{stage} request", GPU)
         # One batched fetch: a .result() per future is a round trip each, on the critical path.
         finished = self.cluster.client.gather([f for f in work if f.status == "finished"])
         pending = [f for f in work if f.status != "finished"]

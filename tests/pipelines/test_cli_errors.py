@@ -101,3 +101,9 @@ def test_a_scheduler_address_that_is_an_http_server_fails_in_time(workdir, http_
     assert "Traceback" not in done.stderr
     assert http_server in done.stderr and "Dask scheduler" in done.stderr
     assert _files(workdir) == before
+
+
+def test_debug_adds_the_traceback(workdir, capsys):
+    assert main(["run", "--config", "tiny.yaml", "--set", "grpo.lr=abc", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipelines.cluster import ClusterHandle
+from pipelines.cluster import ClusterHandle, TaskFailedError
 from pipelines.dispatch import RequestPool, RequestSpec
 from spotlight.config import PreemptionConfig
 
@@ -69,7 +69,8 @@ def test_every_request_runs_once_on_a_free_slot_and_nobody_is_told_of_starvation
 
 def test_a_request_that_raises_is_an_error_not_a_preemption(spot_cluster):
     pool = RequestPool(spot_cluster, _specs(broken, 2), PreemptionConfig())
-    with pytest.raises(ValueError, match="is broken"):
+    with pytest.raises(TaskFailedError, match=r"iter-0/explore request r0\d failed on a 'spot' "
+                                              r"worker: ValueError: request \d is broken"):
         pool.wait(60)
 
 

@@ -84,6 +84,10 @@ def test_stock_workers_run_an_iteration(stock_cluster, tiny_yaml, tmp_path):
     from storage import RunStore
 
     run = RunStore.open(str(store), create=False)
+    stored = run.manifest.read()["run"]["config"]   # resolved files, usable from any folder
+    for path in (stored["world"]["train_prompts"], stored["world"]["val_prompts"],
+                 stored["cost"]["prices"]):
+        assert os.path.isabs(path) and os.path.isfile(path), path
     records = [r for k in range(2) for r in run.get_json(f"iter-{k}/iteration", "tasks")["tasks"]]
     workers = {r["stage"]: r["worker"] for r in records}
     assert {"rollout", "train", "explore"} <= set(workers)
