@@ -178,38 +178,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (otherwise one line and an exit code)")
-    parser = argparse.ArgumentParser(prog="spotlight", description=__doc__, parents=[common],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _with_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help=f"run config YAML (default {DEFAULT_CONFIG})")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set grpo.lr=3e-4 (repeatable)")
 
-    def command(name: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kwargs)
 
-    def with_config(p: argparse.ArgumentParser, default: str | None = None) -> None:
-        p.add_argument("--config", default=default,
-                       help=f"run config YAML (default {default or DEFAULT_CONFIG})")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set grpo.lr=3e-4 (repeatable)")
-
-    p = command("pretrain", help="train (or load from cache) the base model of a config")
-    with_config(p)
+def _add_pretrain(p: argparse.ArgumentParser) -> None:
+    _with_config(p)
     p.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
     p.set_defaults(func=cmd_pretrain)
 
-    p = command("demo", help="pretrain (cached), run a few iterations on an embedded Dask "
-                                    "cluster, write a report")
-    with_config(p)
+
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    _with_config(p)
     p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
     p.add_argument("--report", default="reports/demo", help="report folder (default reports/demo)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.set_defaults(func=cmd_demo)
 
-    p = command("run", help="run RL iterations on a Dask cluster (embedded by default)")
-    with_config(p)
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    _with_config(p)
     p.add_argument("--iterations", type=int, default=None, help="iterations (default: config)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",
@@ -230,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without a trace: Poisson preemptions per spot worker-hour")
     p.set_defaults(func=cmd_run)
 
-    p = command("bench", help="run a benchmark and write its JSON")
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="benchmark name, e.g. learning")
     p.add_argument("--json", metavar="PATH", help="write the result object here")
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke check)")
@@ -252,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "8 s apart)")
     p.set_defaults(func=cmd_bench)
 
-    p = command("audit", help="print a run's per-iteration audit table from its store; "
-                                     "with --iteration/--request, write one request's PNG strip")
+
+def _add_audit(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_url", help="run URL: a path, file://PATH or s3://BUCKET/PREFIX")
     p.add_argument("--iteration", type=int, metavar="K", help="iteration of the request to draw")
     p.add_argument("--request", metavar="R", help="request id to draw (every committed step)")
@@ -268,6 +259,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL); "
                         "credentials come from the standard AWS environment variables")
     p.set_defaults(func=cmd_audit)
+
+
+COMMANDS = (
+    ("pretrain", "train (or load from cache) the base model of a config", _add_pretrain),
+    ("demo", "pretrain (cached), run a few iterations on an embedded Dask cluster, write a "
+             "report", _add_demo),
+    ("run", "run RL iterations on a Dask cluster (embedded by default)", _add_run),
+    ("bench", "run a benchmark and write its JSON", _add_bench),
+    ("audit", "print a run's per-iteration audit table from its store; with "
+              "--iteration/--request, write one request's PNG strip", _add_audit),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    debug = "show the traceback of an error (otherwise one line and an exit code)"
+    parser = argparse.ArgumentParser(prog="spotlight", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help=debug)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, add in COMMANDS:
+        p = sub.add_parser(name, help=help_text)
+        # SUPPRESS: `spotlight --debug run` must not be reset by the command's own default
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug)
+        add(p)
     return parser
 
 

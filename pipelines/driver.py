@@ -230,11 +230,9 @@ class Driver(ExplorationBook):
             prompts = prompts[:prompts_explored]
         seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
         stage = "explore" if resource == SPOT else "explore-sync"
-        requests = [RequestSpec(tasks.explore_request(p, chunk), tasks.explore_task,
-                                (cfg, self.store, iteration, p, prompt,
-                                 seeds[p, lo:lo + explore.request_batch], chunk, version, stage,
-                                 steps),
-                                tasks.stage_name(iteration, stage), tasks.explore_request(p, chunk))
+        requests = [self.explore_spec(tasks.ExploreRequest(
+                        iteration, p, prompt, seeds[p, lo:lo + explore.request_batch], chunk,
+                        version, stage, steps))
                     for p, prompt in enumerate(prompts)
                     for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
         return self.dispatch(requests, resource, stage)
@@ -354,8 +352,9 @@ class Driver(ExplorationBook):
             rollout_f = self._submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
                                      name="load-rollout")
         else:
-            rollout_f = self._submit(tasks.rollout_task, cfg, self.store, k, prompts, seeds, k,
-                                     resource=GPU, name="rollout")
+            rollout_f = self._submit(tasks.rollout_task, cfg, self.store,
+                                     tasks.RolloutRequest(k, prompts, seeds, k), resource=GPU,
+                                     name="rollout")
         if self._done(k, "reward"):
             rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
         else:
@@ -380,8 +379,9 @@ class Driver(ExplorationBook):
         if self._done(k, "train"):
             train_info = self._done(k, "train")["stats"]
         else:
-            trained = self._submit(tasks.train_task, cfg, self.store, rollout_f, prompts, rewards,
-                                   adv, k, resource=GPU, name="train")
+            trained = self._submit(tasks.train_task, cfg, self.store, rollout_f,
+                                   tasks.TrainRequest(k, prompts, rewards, adv, k), resource=GPU,
+                                   name="train")
             saved = self._result(self._submit(tasks.checkpoint_task, cfg, self.store, trained, k,
                                               k, resource=GPU, name="checkpoint"),
                                  f"iteration {k}'s training and checkpoint")

@@ -24,6 +24,11 @@ class ExplorationBook:
     """Plans, τ and audits; mixed into the driver."""
 
     # --- running requests -------------------------------------------------------------------
+    def explore_spec(self, request: "tasks.ExploreRequest") -> RequestSpec:
+        """The dispatch entry of one exploration or audit request."""
+        return RequestSpec(request.name, tasks.explore_task, (self.config, self.store, request),
+                           tasks.stage_name(request.iteration, request.stage), request.name)
+
     def dispatch(self, requests: list[RequestSpec], resource: str, stage: str):
         """Start ``requests``: pulled by spot workers (a :class:`RequestPool`), or, on gpu
         workers and with ``preemption.dispatch: push``, submitted at once as futures."""
@@ -153,11 +158,9 @@ class ExplorationBook:
         # The same replay steps as the stale exploration, so the audit isolates staleness.
         plan = self._done(k, "plan")
         steps = plan["plan"]["steps"] if plan is not None else None
-        requests = [RequestSpec(tasks.explore_request(p, 0), tasks.explore_task,
-                                (self.config, self.store, k, p, prompts[p],
-                                 np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
-                                 "audit", steps),
-                                tasks.stage_name(k, "audit"), tasks.explore_request(p, 0))
+        requests = [self.explore_spec(tasks.ExploreRequest(
+                        k, p, prompts[p], np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
+                        "audit", steps))
                     for p, cs in picks]
         return self.dispatch(requests, SPOT, "audit") if requests else []
 

@@ -60,6 +60,12 @@ def reset_notice() -> None:
     _NOTICED.clear()
 
 
+def _polled_sources(cfg: PreemptionConfig) -> list:
+    """The notice sources to poll (a file, cloud metadata endpoints); SIGTERM is a handler."""
+    return build_sources(list(cfg.notice_sources), file_path=cfg.notice_file,
+                         aws_url=cfg.aws_url, gcp_url=cfg.gcp_url, azure_url=cfg.azure_url)
+
+
 def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
     """A worker plugin that acts on notices in workers holding ``resource``."""
     from distributed import WorkerPlugin
@@ -78,9 +84,7 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             cfg = self.config
             if "sigterm" in cfg.notice_sources and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, self._on_sigterm)
-            sources = build_sources(list(cfg.notice_sources), file_path=cfg.notice_file,
-                                    aws_url=cfg.aws_url, gcp_url=cfg.gcp_url,
-                                    azure_url=cfg.azure_url)
+            sources = _polled_sources(cfg)
             if sources:
                 threading.Thread(target=self._poll, args=(sources,), daemon=True,
                                  name="spotlight-notice-poll").start()

@@ -20,7 +20,7 @@ import torch
 
 from pipelines.preemption import StopAtStep, check_notice
 from spotlight.config import RunConfig, config_hash
-from spotlight.models.policy import DigitsPolicy
+from spotlight.models.base import Policy, build_policy
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import group_advantages
@@ -56,6 +56,51 @@ def task_record(stage: str, iteration: int, start: float, version: int, **info) 
             "end": time.time(), "weights_version": version, **info}
 
 
+@dataclass(frozen=True)
+class RolloutRequest:
+    """Roll out ``prompts`` x ``seeds`` (P x G) with weights ``version`` for ``iteration``."""
+
+    iteration: int
+    prompts: list[Prompt]
+    seeds: np.ndarray
+    version: int
+
+
+@dataclass(frozen=True)
+class ExploreRequest:
+    """Score candidate ``seeds`` of one prompt by replaying the rollout's sampler.
+
+    ``iteration`` is the iteration the seeds are for; with stale weights ``version`` is
+    ``iteration - 1``. ``stage`` is ``explore``, ``explore-sync`` or ``audit``; ``steps`` the
+    replay's model evaluations (None: ``exploration.steps`` or the rollout's).
+    """
+
+    iteration: int
+    prompt_index: int
+    prompt: Prompt
+    seeds: np.ndarray
+    chunk: int
+    version: int
+    stage: str = "explore"
+    steps: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The request's name in its stage (and its latent stream's)."""
+        return explore_request(self.prompt_index, self.chunk)
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One Flow-GRPO update of weights ``version`` on iteration ``iteration``'s rollout."""
+
+    iteration: int
+    prompts: list[Prompt]
+    rewards: np.ndarray       # (P, G)
+    advantages: dict          # the advantages task's values, kept, group_std
+    version: int
+
+
 @dataclass
 class RolloutOutput:
     """A rollout held in worker memory: the trajectory and the record of the task that made it."""
@@ -71,8 +116,7 @@ class WorkerContext:
     def __init__(self, config: RunConfig, store: RunStore) -> None:
         torch.set_num_threads(config.cluster.threads_per_worker)
         self.config, self.store = config, store
-        world = config.world
-        self.policy = DigitsPolicy(config.model, world.canvas_height, world.canvas_width)
+        self.policy: Policy = build_policy(config)   # the model named in model.policy
         self.version: int | None = None
         self.reward_fn = build_reward(config.reward)
         self.trainer: FlowGRPO | None = None
@@ -80,7 +124,7 @@ class WorkerContext:
         self.rollouts: dict[int, RolloutOutput] = {}
         self.lock = threading.Lock()
 
-    def policy_at(self, version: int) -> DigitsPolicy:
+    def policy_at(self, version: int) -> Policy:
         """The policy with the weights of ``version`` (loaded from the run store if needed)."""
         if self.version != version:
             checkpoint = self.store.load_checkpoint(version)
@@ -219,10 +263,11 @@ def _recompute_log_probs(policy, traj: Trajectory, prompts: list[str], config: R
             traj.log_probs[:, t] = gaussian_log_prob(traj.latents[:, t + 1], dist)
 
 
-def rollout_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],
-                 seeds: np.ndarray, version: int) -> RolloutOutput:
+def rollout_task(config: RunConfig, store: RunStore, request: RolloutRequest) -> RolloutOutput:
     """SDE rollout of P prompts x G seeds at weights ``version``; persisted before it returns."""
     start = time.time()
+    iteration, prompts, seeds, version = (request.iteration, request.prompts, request.seeds,
+                                          request.version)
     ctx = context(config, store)
     with ctx.lock:
         policy = ctx.policy_at(version)
@@ -271,12 +316,14 @@ def advantages_task(config: RunConfig, iteration: int, rewards: np.ndarray, vers
             "record": task_record("advantages", iteration, start, version)}
 
 
-def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput, prompts: list[Prompt],
-               rewards: np.ndarray, advantages: dict, version: int) -> dict:
+def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
+               request: TrainRequest) -> dict:
     """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint."""
     from spotlight.rl.grpo import Advantages
 
     start = time.time()
+    prompts, rewards, advantages, version = (request.prompts, request.rewards,
+                                             request.advantages, request.version)
     ctx = context(config, store)
     group = rewards.shape[1]
     with ctx.lock:
@@ -303,35 +350,33 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
                         task_record("checkpoint", iteration, start, version + 1)]}
 
 
-def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_index: int,
-                 prompt: Prompt, seeds: np.ndarray, chunk: int, version: int,
-                 stage: str = "explore", steps: int | None = None) -> dict:
-    """Score candidate seeds of one prompt by replaying the rollout's SDE sampler at ``version``.
-
-    ``iteration`` is the iteration the seeds are for; with stale weights ``version`` is
-    ``iteration - 1``. One call is one request of fixed batch shape.
-    """
+def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) -> dict:
+    """Score candidate seeds of one prompt by replaying the rollout's SDE sampler (see
+    :class:`ExploreRequest`). One call is one request of fixed batch shape."""
     start = time.time()
+    iteration, prompt_index, prompt, seeds, chunk, version, stage = (
+        request.iteration, request.prompt_index, request.prompt, request.seeds, request.chunk,
+        request.version, request.stage)
     ctx = context(config, store)
-    steps = steps or config.exploration.steps or config.sampler.num_steps
-    where, request = stage_name(iteration, stage), explore_request(prompt_index, chunk)
+    steps = request.steps or config.exploration.steps or config.sampler.num_steps
+    where, name = stage_name(iteration, stage), request.name
     progress: dict = {}
     with ctx.lock:
         policy = ctx.policy_at(version)
         policy.eval()
         keys = sample_keys(config.seed, [prompt], np.asarray(seeds)[None, :])
         try:
-            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys, where, request,
+            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys, where, name,
                                     version, num_steps=steps, progress=progress)
         except StopAtStep as stop:
             # Handed back after a preemption notice: a result, not a failure. The sink has
             # closed, so everything through ``stop.step`` is committed (lost steps: computed
             # minus committed).
-            point = store.resume_point(where, request)
+            point = store.resume_point(where, name)
             committed = 0 if point is None else int(point.step)
             return {"preempted": True, "prompt_index": prompt_index, "chunk": chunk,
                     "step": committed, "computed_step": stop.step,
-                    "record": task_record(stage, iteration, start, version, request=request,
+                    "record": task_record(stage, iteration, start, version, request=name,
                                           preempted=True, **progress)}
         images = policy.decode(traj.final)
         rewards = np.asarray(ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
@@ -339,7 +384,7 @@ def explore_task(config: RunConfig, store: RunStore, iteration: int, prompt_inde
     return {"prompt_index": prompt_index, "chunk": chunk, "seeds": np.asarray(seeds),
             "rewards": rewards,
             "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
-                                  chunk=chunk, samples=len(seeds), steps=steps, request=request,
+                                  chunk=chunk, samples=len(seeds), steps=steps, request=name,
                                   **progress)}
 
 

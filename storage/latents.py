@@ -287,11 +287,3 @@ def _array_spec(stage: str, request: str, num_steps: int, shape: tuple, dtype: n
                 attributes={"request": request, "stage": stage_key(stage),
                             "num_steps": num_steps, "weights_version": weights_version},
                 config={"write_empty_chunks": True})  # an all-zero step is still written
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LatentSink":  # lives in storage.sink (which imports this module)
-        from .sink import LatentSink
-
-        return LatentSink
-    raise AttributeError(name)

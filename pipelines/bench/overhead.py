@@ -43,10 +43,11 @@ def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) ->
         start = time.time()
         prompts = iteration_prompts(train, k, grpo.prompts_per_iteration, config.seed)
         seeds = random_seeds(config.seed, k, len(prompts), grpo.group_size)
-        rollout = tasks.rollout_task(config, store, k, prompts, seeds, k)
+        rollout = tasks.rollout_task(config, store, tasks.RolloutRequest(k, prompts, seeds, k))
         reward = tasks.reward_task(config, store, rollout, prompts, grpo.group_size, k)
         adv = tasks.advantages_task(config, k, reward["rewards"], k)
-        trained = tasks.train_task(config, store, rollout, prompts, reward["rewards"], adv, k)
+        trained = tasks.train_task(config, store, rollout,
+                                   tasks.TrainRequest(k, prompts, reward["rewards"], adv, k))
         tasks.checkpoint_task(config, store, trained, k, k)
         if (k + 1) % config.validation.every == 0 or k + 1 == iterations:
             tasks.validation_task(config, store, k + 1, val, k + 1)

@@ -38,9 +38,10 @@ MIN_DROP_GAP_S = 8.0   # the default time scale spaces drops about this far apar
 
 
 def default_trace() -> Path:
-    """The shipped g4dn event trace: $SPOTLIGHT_TRACES, else ../shared/traces beside the repo."""
-    root = os.environ.get("SPOTLIGHT_TRACES") or \
-        str(Path(__file__).resolve().parents[3] / "shared" / "traces")
+    """The shipped g4dn event trace: $SPOTLIGHT_TRACES, else the repository's configs/traces."""
+    from spotlight.config import PROJECT_ROOT
+
+    root = os.environ.get("SPOTLIGHT_TRACES") or str(PROJECT_ROOT / "configs" / "traces")
     path = Path(root) / DEFAULT_TRACE
     if not path.is_file():
         raise FileNotFoundError(f"the default spot trace {path} is not there; pass --trace PATH "

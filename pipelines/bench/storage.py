@@ -129,12 +129,12 @@ class Request:
     """The benchmark's request: policy, prompts and keys of one fixed batch."""
 
     def __init__(self, cfg: Any, batch: int | None) -> None:
-        from spotlight.models.policy import DigitsPolicy
+        from spotlight.models.base import build_policy
         from spotlight.models.prompts import load_prompts
         from spotlight.rl.trainer import iteration_prompts, random_seeds, sample_keys
 
         torch.manual_seed(cfg.seed)
-        self.policy = DigitsPolicy(cfg.model, cfg.world.canvas_height, cfg.world.canvas_width).eval()
+        self.policy = build_policy(cfg).eval()
         self.sampler = cfg.sampler
         grpo = cfg.grpo
         groups, group = grpo.prompts_per_iteration, grpo.group_size
@@ -301,6 +301,14 @@ def _measure(cfg: Any, quick: bool, reps: int | None, batch: int | None, seed: i
         resume = {k: _resume_identical(request, s, reference, cut) for k, s in stores.items()}
         chunk = next(Path(tmp, "run").rglob("/".join(["c", "1", *["0"] * reference.dim()])))
         stored_chunk_bytes = chunk.stat().st_size
+    return _figures(cfg, request, runs, resume, reference, reps, threads, stored_chunk_bytes,
+                    stores["s3"].config.commit_interval_s, started)
+
+
+def _figures(cfg: Any, request: "Request", runs: dict, resume: dict, reference: Any, reps: int,
+             threads: int, stored_chunk_bytes: int, commit_interval_s: float,
+             started: float) -> dict:
+    """The benchmark's JSON from its measured runs."""
     times, median = runs["times"], statistics.median
     off = median(times["off"])
     bytes_per_step = int(reference.numel() * reference.element_size())
@@ -321,7 +329,7 @@ def _measure(cfg: Any, quick: bool, reps: int | None, batch: int | None, seed: i
         "overhead_ratio_of_medians": {b: median(times[b]) / off for b in ("file", "s3")},
         "overhead_ratio_of_minimums": {b: min(times[b]) / min(times["off"])
                                        for b in ("file", "s3")},
-        "commit_interval_s": stores["s3"].config.commit_interval_s,
+        "commit_interval_s": commit_interval_s,
         "overhead_ratios": {b: [round(r, 4) for r in runs["paired"][b]] for b in ("file", "s3")},
         "client_cpu_s": {m: median(v) for m, v in runs["cpu"].items()},
         # Wall time the sampling thread spent off the CPU (waiting for a core, the GIL or the

@@ -40,6 +40,8 @@ class WorldConfig(Validated):
 class ModelConfig(Validated):
     """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
 
+    policy: str = spec("digits", "Registered policy the workers build (spotlight.models.base: "
+                                 "POLICIES); 'digits' is the embedded world's.")
     num_layers: int = spec(4, "Transformer blocks.", range=(1, 64))
     num_attention_heads: int = spec(2, "Attention heads.", range=(1, 64))
     attention_head_dim: int = spec(32, "Width of one head; must be divisible by 8 (RoPE axes).",

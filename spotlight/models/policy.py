@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spotlight.config import ModelConfig
+from spotlight.models.base import register_policy
 from spotlight.models.text_encoder import PromptEncoder
 from spotlight.models.world import to_pixels
 
@@ -43,8 +44,15 @@ def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return x.permute(0, 3, 1, 4, 2, 5).reshape(b, CHANNELS, height, width)
 
 
+@register_policy("digits")
+def digits_policy(config) -> "DigitsPolicy":
+    """The digits world's policy for a run config (``model.policy: digits``)."""
+    return DigitsPolicy(config.model, config.world.canvas_height, config.world.canvas_width)
+
+
 class DigitsPolicy(nn.Module):
-    """Prompt encoder + QwenImageTransformer2DModel over packed pixel canvases."""
+    """Prompt encoder + QwenImageTransformer2DModel over packed pixel canvases; implements
+    :class:`spotlight.models.base.Policy`."""
 
     def __init__(self, config: ModelConfig, height: int, width: int) -> None:
         super().__init__()

@@ -7,6 +7,7 @@ config section that shapes the result, so the demo, benchmarks and tests reuse o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -35,9 +36,11 @@ class PretrainResult:
 
 
 def base_model_dir(config: RunConfig) -> Path:
+    # The model fields without ``policy`` (only the digits policy is pretrained here): base
+    # models cached before the field existed keep their key.
+    model = {k: v for k, v in dataclasses.asdict(config.model).items() if k != "policy"}
     key = config_hash(config.world.task, config.world.canvas_height, config.world.canvas_width,
-                      config.world.glyphs_per_class,
-                      config.model, config.pretrain, CODE_VERSION)
+                      config.world.glyphs_per_class, model, config.pretrain, CODE_VERSION)
     return cache_dir() / f"base-{config.world.task}-{key}"
 
 

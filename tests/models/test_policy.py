@@ -51,3 +51,22 @@ def test_pretrain_smoke_caches_by_config_hash(tiny_config):
     policy = load_base_policy(tiny_config)
     assert policy.height == 12 and policy.width == 32
     assert base_model_dir(tiny_config.with_values({"pretrain.seed": 1})) != first.directory
+
+
+def test_workers_build_the_policy_the_config_names(tiny_config):
+    from spotlight.models.base import POLICIES, Policy, build_policy, register_policy
+
+    policy = build_policy(tiny_config)
+    assert isinstance(policy, Policy) and isinstance(policy, DigitsPolicy)
+    with pytest.raises(ValueError, match="model.policy = 'nope' is not a registered policy"):
+        build_policy(tiny_config.with_values({"model.policy": "nope"}))
+
+    @register_policy("test-echo")
+    def echo(config):   # a second model, added without touching pipelines/ or storage/
+        return DigitsPolicy(config.model, 12, 32)
+
+    try:
+        built = build_policy(tiny_config.with_values({"model.policy": "test-echo"}))
+        assert isinstance(built, Policy) and built.tokens_shape == (96, 12)
+    finally:
+        POLICIES.pop("test-echo")

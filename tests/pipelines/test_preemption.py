@@ -21,8 +21,8 @@ REQUEST = tasks.explore_request(0, 0)
 
 def explore_spec(session: Session, stage: str, seeds: np.ndarray) -> RequestSpec:
     cfg = session.config
-    return RequestSpec("r", tasks.explore_task,
-                       (cfg, session.store, 0, 0, session.train_prompts[0], seeds, 0, 0, stage, None),
+    request = tasks.ExploreRequest(0, 0, session.train_prompts[0], seeds, 0, 0, stage)
+    return RequestSpec("r", tasks.explore_task, (cfg, session.store, request),
                        tasks.stage_name(0, stage), REQUEST)
 
 

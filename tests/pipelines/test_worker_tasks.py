@@ -2,6 +2,8 @@
 run them: one iteration's chain, weights through the run store, resume, the per-process context."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -28,7 +30,7 @@ def test_one_iteration_chain_moves_the_weights_one_version(run):
     group = config.grpo.group_size
     prompts = iteration_prompts(all_prompts, 0, config.grpo.prompts_per_iteration, config.seed)
     seeds = random_seeds(config.seed, 0, len(prompts), group)
-    rollout = tasks.rollout_task(config, store, 0, prompts, seeds, 0)
+    rollout = tasks.rollout_task(config, store, tasks.RolloutRequest(0, prompts, seeds, 0))
     assert rollout.record["stage"] == "rollout" and rollout.record["weights_version"] == 0
     assert rollout.record["worker"].startswith("local-")   # outside Dask: named by its pid
     reward = tasks.reward_task(config, store, rollout, prompts, group, 0)
@@ -36,7 +38,8 @@ def test_one_iteration_chain_moves_the_weights_one_version(run):
     np.testing.assert_array_equal(store.get_arrays("iter-0/reward", "reward")["rewards"],
                                   reward["rewards"])
     adv = tasks.advantages_task(config, 0, reward["rewards"], 0)
-    trained = tasks.train_task(config, store, rollout, prompts, reward["rewards"], adv, 0)
+    trained = tasks.train_task(config, store, rollout,
+                               tasks.TrainRequest(0, prompts, reward["rewards"], adv, 0))
     saved = tasks.checkpoint_task(config, store, trained, 0, 0)
     assert store.latest_checkpoint() == 1 and saved["checkpoint"]["iteration"] == 1
     assert [r["stage"] for r in saved["records"]] == ["train", "checkpoint"]
@@ -57,13 +60,15 @@ def test_the_context_is_one_per_run_and_config(run, tmp_path):
 def test_exploration_is_deterministic_and_resumes_bit_for_bit(run):
     config, store, all_prompts = run
     prompt, seeds = all_prompts[0], np.arange(5)
-    first = tasks.explore_task(config, store, 1, 0, prompt, seeds, 0, 0)
+    first = tasks.explore_task(config, store, tasks.ExploreRequest(1, 0, prompt, seeds, 0, 0))
     assert first["rewards"].shape == (5,) and first["record"]["samples"] == 5
     # A fresh stage, cut after two committed steps, then resumed in another attempt.
     where, request = tasks.stage_name(1, "audit"), tasks.explore_request(0, 0)
-    tasks.explore_task(config, store, 1, 0, prompt, seeds, 0, 0, "audit")
+    tasks.explore_task(config, store,
+                       tasks.ExploreRequest(1, 0, prompt, seeds, 0, 0, "audit"))
     latents = np.asarray(store.read_trajectory(where, request))
-    again = tasks.explore_task(config, store, 1, 0, prompt, seeds, 0, 0, "audit")
+    again = tasks.explore_task(config, store,
+                               tasks.ExploreRequest(1, 0, prompt, seeds, 0, 0, "audit"))
     np.testing.assert_array_equal(again["rewards"], first["rewards"])
     np.testing.assert_array_equal(np.asarray(store.read_trajectory(where, request)), latents)
     assert again["record"]["resumed_from"] == config.sampler.num_steps   # nothing recomputed
@@ -71,7 +76,8 @@ def test_exploration_is_deterministic_and_resumes_bit_for_bit(run):
 
 def test_a_stream_started_with_other_weights_is_refused(run):
     config, store, all_prompts = run
-    tasks.explore_task(config, store, 1, 0, all_prompts[0], np.arange(3), 0, 0)
+    request = tasks.ExploreRequest(1, 0, all_prompts[0], np.arange(3), 0, 0)
+    tasks.explore_task(config, store, request)
     store.save_checkpoint(1, load_base_policy(config).state_dict(), None)
     with pytest.raises(RuntimeError, match="started with weights version 0, now asked for 1"):
-        tasks.explore_task(config, store, 1, 0, all_prompts[0], np.arange(3), 0, 1)
+        tasks.explore_task(config, store, dataclasses.replace(request, version=1))

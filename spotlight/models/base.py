@@ -1,0 +1,93 @@
+"""What the RL needs from a model, whatever the model: the ``Policy`` protocol and its registry.
+
+The driver, the workers, the sampler, the trainer and the audit use a policy only through
+this interface, and build it by the name in ``model.policy``; a new model is a class that
+implements it and one ``@register_policy("name")`` builder -- nothing in ``pipelines/`` or
+``storage/`` changes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+TextConditioning = Any   # whatever ``encode`` returns and ``velocity`` takes back
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A denoiser over packed latents, conditioned on prompts (an ``nn.Module``)."""
+
+    @property
+    def tokens_shape(self) -> tuple[int, int]:
+        """(tokens, channels) of one packed latent: the shape noise is drawn in."""
+        ...
+
+    def encode(self, prompts: list[str]) -> TextConditioning:
+        """Prompt conditioning, computed once per batch and passed to every ``velocity``."""
+        ...
+
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor,
+                 text: TextConditioning) -> torch.Tensor:
+        """Predicted flow velocity (noise - data) of ``latents`` (B, tokens, channels) at noise
+        level ``sigma`` (a one-element tensor)."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Packed latents -> float32 pixels (B, 3, H, W) in [0, 1], what rewards score."""
+        ...
+
+    def trainable_parameters(self, which: str = "transformer") -> list[nn.Parameter]:
+        """The parameters an update changes (``grpo.trainable``)."""
+        ...
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]:
+        """The trainable state a checkpoint holds and a worker loads (by weights version)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
+        ...
+
+    def train(self, mode: bool = True) -> Any:
+        ...
+
+    def eval(self) -> Any:
+        ...
+
+
+PolicyBuilder = Callable[[Any], Policy]   # RunConfig -> a policy with freshly built weights
+POLICIES: dict[str, PolicyBuilder] = {}
+"""Registered policy builders by name (``model.policy``)."""
+
+# Modules that register the policies shipped with Spotlight; imported on first use so that
+# naming a policy does not import every model's dependencies.
+_SHIPPED = {"digits": "spotlight.models.policy"}
+
+
+def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
+    """Decorator: ``build_policy`` calls the builder with the run config for ``model.policy``."""
+
+    def add(builder: PolicyBuilder) -> PolicyBuilder:
+        if name in POLICIES and POLICIES[name] is not builder:
+            raise ValueError(f"policy '{name}' is registered twice ({POLICIES[name]!r} and "
+                             f"{builder!r}); pick another name")
+        POLICIES[name] = builder
+        return builder
+
+    return add
+
+
+def build_policy(config: Any) -> Policy:
+    """The policy ``config.model.policy`` names, built for ``config`` (weights not loaded)."""
+    import importlib
+
+    name = config.model.policy
+    if name not in POLICIES and name in _SHIPPED:
+        importlib.import_module(_SHIPPED[name])
+    if name not in POLICIES:
+        raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
+                         f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "
+                         "@register_policy")
+    return POLICIES[name](config)
