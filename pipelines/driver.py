@@ -17,15 +17,14 @@ import dataclasses
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from pipelines import worker as tasks
 from pipelines.cluster import GPU, SPOT, ClusterHandle, RunInterrupted, task_error
-from pipelines.dispatch import RequestSpec
 from pipelines.exploring import ExplorationBook
+from pipelines.iteration import IterationResult, IterationState
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection, select_seeds
@@ -37,47 +36,6 @@ from storage import RunStore
 from storage.manifest import stage_key
 
 EventFn = Callable[[str, dict], None]
-
-
-@dataclass
-class IterationResult:
-    """What one iteration did: the row a user sees in ``session.history``."""
-
-    iteration: int
-    mode: str
-    reward_mean: float
-    group_reward_std: float
-    zero_std_groups: int
-    loss: float
-    kl_to_reference: float
-    clip_fraction: float
-    val_reward: float | None
-    explored: int           # candidates scored for the next iteration
-    planned: int            # candidates planned for the next iteration
-    filled: int             # seeds of the next iteration filled at random (too few explored)
-    start: float
-    end: float
-    cost_usd: float
-    cost_total_usd: float
-    resumed_stages: list[str] = field(default_factory=list)
-    kendall_tau: float | None = None       # stale exploration vs this rollout, selected seeds
-                                           # (biased upwards by the selection; reported only)
-    audit_tau: float | None = None         # stale vs fresh scores of random candidates: what
-                                           # the fallback decides on
-    fidelity_state: str = "trusting"       # or "fallback" (selection of the next iteration)
-    plan_candidates: int | None = None     # the planner's N for the next iteration
-    plan_steps: int | None = None          # ... and M
-    plan_predicted_s: float | None = None
-    plan_budget_s: float | None = None
-    plan_overrun: bool | None = None       # exploration ran past the training window
-    preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
-
-    @property
-    def wall_s(self) -> float:
-        return self.end - self.start
-
-    def to_record(self) -> dict:
-        return asdict(self)
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
@@ -329,123 +287,126 @@ class Driver(ExplorationBook):
             return IterationResult(**done["result"])
         self.check_running()
         self._track_workers()
-        start = time.time()
-        cfg, grpo = self.config, self.config.grpo
-        prompts = self.prompts(k)
-        resumed = [s for s in ("rollout", "reward", "train") if self._done(k, s)]
-        selection = self.seeds_for(k)
-        seeds = selection.seeds
-        records: list[dict] = []
-        spotlight = self.mode == "spotlight"
+        it = self._begin(k, explore_next)   # seeds; audit and early exploration on spot
+        self._rollout_and_reward(it)
+        self._advantages(it)                # + τ of the selected seeds, the planner's payoff
+        self._train(it)
+        self._watch_fidelity(it)            # the audit's τ -> trust or fall back
+        self._select_next(it)               # what exploration finished -> seeds of k+1
+        it.val_reward = self.validate(k + 1, it.records) if validate else None
+        return self._finish(it)
+
+    def _begin(self, k: int, explore_next: bool) -> "IterationState":
+        it = IterationState(k=k, start=time.time(), prompts=self.prompts(k),
+                            resumed=[s for s in ("rollout", "reward", "train") if self._done(k, s)],
+                            spotlight=self.mode == "spotlight",
+                            explores=explore_next and self.mode == "spotlight")
+        it.selection = self.seeds_for(k)
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        audit = self.submit_audit(k) if spotlight and not self._done(k, "audit") else []
-        explore_futures: list = []
-        plan = None
-        explores = explore_next and spotlight
-        early = cfg.exploration.window == "iteration"
-        if explores and early:
-            plan, explore_futures = self._start_exploration(k)
+        it.audit = self.submit_audit(k) if it.spotlight and not self._done(k, "audit") else []
+        if it.explores and self.config.exploration.window == "iteration":
+            it.plan, it.explore_futures = self._start_exploration(k)
+        return it
 
+    def _rollout_and_reward(self, it: "IterationState") -> None:
+        cfg, k = self.config, it.k
         self._emit("stage_start", iteration=k, stage="rollout")
         if self._done(k, "rollout"):
-            rollout_f = self._submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
-                                     name="load-rollout")
+            it.rollout_f = self._submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
+                                        name="load-rollout")
         else:
-            rollout_f = self._submit(tasks.rollout_task, cfg, self.store,
-                                     tasks.RolloutRequest(k, prompts, seeds, k), resource=GPU,
-                                     name="rollout")
+            it.rollout_f = self._submit(
+                tasks.rollout_task, cfg, self.store,
+                tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k), resource=GPU,
+                name="rollout")
         if self._done(k, "reward"):
-            rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
-        else:
-            out = self._result(self._submit(tasks.reward_task, cfg, self.store, rollout_f, prompts,
-                                            grpo.group_size, k, resource=GPU, name="reward"),
-                               f"iteration {k}'s rollout and reward")
-            rewards = out["rewards"]
-            records += out["records"] + [out["record"]]
-            self._mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
-            self._mark(k, "reward", {"task": out["record"], "mean": float(rewards.mean())})
+            it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+            return
+        out = self._result(self._submit(tasks.reward_task, cfg, self.store, it.rollout_f,
+                                        it.prompts, cfg.grpo.group_size, k, resource=GPU,
+                                        name="reward"), f"iteration {k}'s rollout and reward")
+        it.rewards = out["rewards"]
+        it.records += out["records"] + [out["record"]]
+        self._mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
+        self._mark(k, "reward", {"task": out["record"], "mean": float(it.rewards.mean())})
 
+    def _advantages(self, it: "IterationState") -> None:
+        k = it.k
         self._emit("stage_start", iteration=k, stage="train")
-        adv = self._result(self._submit(tasks.advantages_task, cfg, k, rewards, k, resource=GPU,
-                                        name="advantages"), f"iteration {k}'s advantages")
-        records.append(adv["record"])
+        it.adv = self._result(self._submit(tasks.advantages_task, self.config, k, it.rewards, k,
+                                           resource=GPU, name="advantages"),
+                              f"iteration {k}'s advantages")
+        it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
-        tau = self.rank_fidelity(k, selection, rewards) if spotlight else None
-        if spotlight:
-            self._record_plan_outcome(k, adv)
-        if explores and not early:
-            plan, explore_futures = self._start_exploration(k)
+        if it.spotlight:
+            it.tau = self.rank_fidelity(k, it.selection, it.rewards)
+            self._record_plan_outcome(k, it.adv)
+        if it.explores and self.config.exploration.window != "iteration":
+            it.plan, it.explore_futures = self._start_exploration(k)
+
+    def _train(self, it: "IterationState") -> None:
+        cfg, k = self.config, it.k
         if self._done(k, "train"):
-            train_info = self._done(k, "train")["stats"]
+            it.train_info = self._done(k, "train")["stats"]
         else:
-            trained = self._submit(tasks.train_task, cfg, self.store, rollout_f,
-                                   tasks.TrainRequest(k, prompts, rewards, adv, k), resource=GPU,
-                                   name="train")
+            trained = self._submit(tasks.train_task, cfg, self.store, it.rollout_f,
+                                   tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
+                                   resource=GPU, name="train")
             saved = self._result(self._submit(tasks.checkpoint_task, cfg, self.store, trained, k,
                                               k, resource=GPU, name="checkpoint"),
                                  f"iteration {k}'s training and checkpoint")
-            del trained
-            train_info = saved["stats"]
-            records += saved["records"]
-            self._mark(k, "train", {"stats": train_info, "task": saved["records"][0]})
-        del rollout_f
-        train_end = time.time()
+            del trained   # the weights leave the gpu worker's memory with the future
+            it.train_info = saved["stats"]
+            it.records += saved["records"]
+            self._mark(k, "train", {"stats": it.train_info, "task": saved["records"][0]})
+        it.rollout_f = None
+        it.train_end = time.time()
 
-        # The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
-        # may use the stale ranking: it is the unbiased sample of it.
-        audit_tau = self.finish_audit(k, audit) if audit else \
+    def _watch_fidelity(self, it: "IterationState") -> None:
+        """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
+        may use the stale ranking: it is the unbiased sample of it."""
+        k = it.k
+        it.audit_tau = self.finish_audit(k, it.audit) if it.audit else \
             (self._done(k, "audit") or {}).get("kendall_tau")
-        if audit:
-            records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
-        if spotlight and audit_tau is not None:
-            decision = self.monitor.observe(k, audit_tau)
+        if it.audit:
+            it.records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
+        if it.spotlight and it.audit_tau is not None:
+            decision = self.monitor.observe(k, it.audit_tau)
             if decision.changed:
                 self._emit("fidelity", iteration=k, decision=decision)
 
-        explored = planned = filled = preemptions = 0
-        if explore_futures:
-            if not cfg.exploration.deadline or "train" in resumed:
-                # No training window to hide in after a resume; deadline off = every request.
-                self.wait_all(explore_futures)
-            self._emit("stage_start", iteration=k, stage="select")
-            planned = plan.prompts * plan.candidates
-            nxt = self.finish_exploration(k + 1, explore_futures, "explore", planned=planned,
-                                          select=self.monitor.state != "fallback")
-            found = self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")
-            explored = sum(len(row) for row in found["seeds"])
-            filled = int(nxt.filled.sum()) if nxt is not None else 0
-            records += found["tasks"]
-            preemptions += self._done(k + 1, "explore").get("preemptions", 0)
-        overrun = None
-        if plan is not None and plan.budget_s is not None and explore_futures:
-            ends = [t["end"] for t in records if t["stage"] == "explore"]
-            overrun = bool(ends) and max(ends) > train_end
+    def _select_next(self, it: "IterationState") -> None:
+        if not it.explore_futures:
+            return
+        k, plan = it.k, it.plan
+        if not self.config.exploration.deadline or "train" in it.resumed:
+            # No training window to hide in after a resume; deadline off = every request.
+            self.wait_all(it.explore_futures)
+        self._emit("stage_start", iteration=k, stage="select")
+        it.planned = plan.prompts * plan.candidates
+        nxt = self.finish_exploration(k + 1, it.explore_futures, "explore", planned=it.planned,
+                                      select=self.monitor.state != "fallback")
+        found = self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")
+        it.explored = sum(len(row) for row in found["seeds"])
+        it.filled = int(nxt.filled.sum()) if nxt is not None else 0
+        it.records += found["tasks"]
+        it.preemptions += self._done(k + 1, "explore").get("preemptions", 0)
+        if plan.budget_s is not None:
+            ends = [t["end"] for t in it.records if t["stage"] == "explore"]
+            it.overrun = bool(ends) and max(ends) > it.train_end
 
-        val_reward = None
-        if validate:
-            val_reward = self.validate(k + 1, records)
-
-        self._append_rewards(k, prompts, selection, rewards, adv, tau, audit_tau)
+    def _finish(self, it: "IterationState") -> IterationResult:
+        """Record the iteration: rewards table, tasks, planning state, events, its result."""
+        k = it.k
+        self._append_rewards(k, it.prompts, it.selection, it.rewards, it.adv, it.tau,
+                             it.audit_tau)
         self._track_workers()
         end = time.time()
-        cost = self.ledger.cost(start, end, self.prices)
-        result = IterationResult(
-            iteration=k, mode=self.mode, reward_mean=float(rewards.mean()),
-            group_reward_std=float(np.mean(adv["group_std"])),
-            zero_std_groups=int((~adv["kept"]).sum()), loss=float(train_info["loss"]),
-            kl_to_reference=float(train_info["kl_to_reference"]),
-            clip_fraction=float(train_info["clip_fraction"]), val_reward=val_reward,
-            explored=explored, planned=planned, filled=filled, start=start, end=end,
-            cost_usd=cost["total"], cost_total_usd=self.ledger.total(end, self.prices)["total"],
-            resumed_stages=resumed, kendall_tau=tau, audit_tau=audit_tau,
-            fidelity_state=self.monitor.state,
-            plan_candidates=plan.candidates if plan else None, plan_steps=plan.steps if plan else None,
-            plan_predicted_s=plan.predicted_s if plan else None,
-            plan_budget_s=plan.budget_s if plan else None, plan_overrun=overrun,
-            preemptions=preemptions)
+        result = it.result(self.mode, end, self.ledger.cost(it.start, end, self.prices)["total"],
+                           self.ledger.total(end, self.prices)["total"], self.monitor.state)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
-                            {"tasks": records, "train_end": train_end})
+                            {"tasks": it.records, "train_end": it.train_end})
         self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
                             {"planner": self.planner.to_dict(), "monitor": self.monitor.to_dict()})
         self.flush_events(f"iter-{k:06d}")

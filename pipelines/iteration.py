@@ -1,0 +1,106 @@
+"""What one iteration produces and what its stages hand each other in the driver.
+
+:class:`IterationResult` is the row a user sees in ``session.history`` and what the run store
+keeps per iteration; :class:`IterationState` lives only in the driver while the iteration runs
+(everything a crash must not lose is in the run store by then).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spotlight.exploration import Selection
+from spotlight.models.prompts import Prompt
+
+
+@dataclass
+class IterationResult:
+    """What one iteration did: the row a user sees in ``session.history``."""
+
+    iteration: int
+    mode: str
+    reward_mean: float
+    group_reward_std: float
+    zero_std_groups: int
+    loss: float
+    kl_to_reference: float
+    clip_fraction: float
+    val_reward: float | None
+    explored: int           # candidates scored for the next iteration
+    planned: int            # candidates planned for the next iteration
+    filled: int             # seeds of the next iteration filled at random (too few explored)
+    start: float
+    end: float
+    cost_usd: float
+    cost_total_usd: float
+    resumed_stages: list[str] = field(default_factory=list)
+    kendall_tau: float | None = None       # stale exploration vs this rollout, selected seeds
+                                           # (biased upwards by the selection; reported only)
+    audit_tau: float | None = None         # stale vs fresh scores of random candidates: what
+                                           # the fallback decides on
+    fidelity_state: str = "trusting"       # or "fallback" (selection of the next iteration)
+    plan_candidates: int | None = None     # the planner's N for the next iteration
+    plan_steps: int | None = None          # ... and M
+    plan_predicted_s: float | None = None
+    plan_budget_s: float | None = None
+    plan_overrun: bool | None = None       # exploration ran past the training window
+    preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class IterationState:
+    """What the stages of one iteration hand each other in the driver (in memory only; what
+    must survive a crash is in the run store)."""
+
+    k: int
+    start: float
+    prompts: list[Prompt]
+    resumed: list[str]          # stages recorded before this driver started the iteration
+    spotlight: bool
+    explores: bool              # explores the next iteration (stale, on spot)
+    selection: Selection | None = None
+    records: list[dict] = field(default_factory=list)
+    audit: Any = None
+    plan: Any = None
+    explore_futures: Any = None
+    rollout_f: Any = None
+    rewards: np.ndarray | None = None
+    adv: dict | None = None
+    tau: float | None = None
+    audit_tau: float | None = None
+    train_info: dict | None = None
+    train_end: float = 0.0
+    explored: int = 0
+    planned: int = 0
+    filled: int = 0
+    preemptions: int = 0
+    overrun: bool | None = None
+    val_reward: float | None = None
+
+    def result(self, mode: str, end: float, cost_usd: float, cost_total_usd: float,
+               fidelity_state: str) -> IterationResult:
+        adv, info, plan = self.adv, self.train_info, self.plan
+        return IterationResult(
+            iteration=self.k, mode=mode, reward_mean=float(self.rewards.mean()),
+            group_reward_std=float(np.mean(adv["group_std"])),
+            zero_std_groups=int((~adv["kept"]).sum()), loss=float(info["loss"]),
+            kl_to_reference=float(info["kl_to_reference"]),
+            clip_fraction=float(info["clip_fraction"]), val_reward=self.val_reward,
+            explored=self.explored, planned=self.planned, filled=self.filled, start=self.start,
+            end=end, cost_usd=cost_usd, cost_total_usd=cost_total_usd,
+            resumed_stages=self.resumed, kendall_tau=self.tau, audit_tau=self.audit_tau,
+            fidelity_state=fidelity_state,
+            plan_candidates=plan.candidates if plan else None,
+            plan_steps=plan.steps if plan else None,
+            plan_predicted_s=plan.predicted_s if plan else None,
+            plan_budget_s=plan.budget_s if plan else None, plan_overrun=self.overrun,
+            preemptions=self.preemptions)
