@@ -350,6 +350,7 @@ class Driver(ExplorationBook):
         if self._done(k, "train"):
             it.train_info = self._done(k, "train")["stats"]
         else:
+            self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
             trained = self._submit(tasks.train_task, cfg, self.store, it.rollout_f,
                                    tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
                                    resource=GPU, name="train")
@@ -357,6 +358,7 @@ class Driver(ExplorationBook):
                                               k, resource=GPU, name="checkpoint"),
                                  f"iteration {k}'s training and checkpoint")
             del trained   # the weights leave the gpu worker's memory with the future
+            self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
             it.train_info = saved["stats"]
             it.records += saved["records"]
             self._mark(k, "train", {"stats": it.train_info, "task": saved["records"][0]})

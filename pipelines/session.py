@@ -83,7 +83,7 @@ class Session:
         try:
             pretrain(config, progress=progress)   # cached by config hash
             build_reward(config.reward)            # warm the recogniser cache once, here
-            run_store = url if isinstance(url, RunStore) else RunStore.open(url)
+            run_store = url if isinstance(url, RunStore) else RunStore.open(url, writer=True)
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)
             if run_store.latest_checkpoint() is None:
@@ -103,8 +103,8 @@ class Session:
         ``scheduler`` resumes on another cluster than the one recorded; nothing is written to
         the store before the cluster answers.
         """
-        store = run_url if isinstance(run_url, RunStore) else RunStore.open(run_url, create=False,
-                                                                            **store_options)
+        store = run_url if isinstance(run_url, RunStore) else RunStore.open(
+            run_url, create=False, writer=True, **store_options)
         info = store.manifest.read().get("run", {})
         if "config" not in info:
             raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")

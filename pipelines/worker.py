@@ -341,11 +341,12 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
 
 def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration: int,
                     version: int) -> dict:
-    """Save θ_version+1 (weights and optimizer state) to the run store."""
+    """Write θ_version+1 (weights and optimizer state) to the run store; the returned
+    ``checkpoint`` record is committed by the driver, the manifest's only writer."""
     start = time.time()
-    saved = store.save_checkpoint(version + 1, trained["weights"], trained["optimizer_state"],
-                                  metadata={"trained_in_iteration": iteration})
-    return {"stats": trained["stats"], "checkpoint": {"iteration": saved["iteration"]},
+    saved = store.write_checkpoint(version + 1, trained["weights"], trained["optimizer_state"],
+                                   metadata={"trained_in_iteration": iteration})
+    return {"stats": trained["stats"], "checkpoint": saved,
             "records": [trained["record"],
                         task_record("checkpoint", iteration, start, version + 1)]}
 

@@ -129,21 +129,37 @@ class CheckpointStore:
 
         Returns the manifest record. ``weights_version`` defaults to ``iteration``.
         """
+        self.withdraw(iteration)
+        record = self.write(iteration, weights, optimizer_state, weights_version=weights_version,
+                            metadata=metadata)
+        return self.commit(record)
+
+    def withdraw(self, iteration: int) -> None:
+        """Drop the manifest record of ``iteration`` (before its files are overwritten: a
+        half-overwritten checkpoint must not stay "latest")."""
         key = iteration_dir(iteration)
+        if key in self.manifest.read().get("checkpoints", {}):
+            self.manifest.update(lambda m: m["checkpoints"].pop(key, None))
+
+    def write(self, iteration: int, weights: Mapping[str, Any], optimizer_state: Any = None, *,
+              weights_version: int | None = None, metadata: dict | None = None) -> dict:
+        """Write the files of a checkpoint and return its record -- not yet committed: the
+        manifest's writer commits it (:meth:`commit`), so a worker never writes the manifest."""
         version = iteration if weights_version is None else int(weights_version)
         meta = {"iteration": iteration, "weights_version": version, "metadata": metadata or {}}
         files = {WEIGHTS: _to_safetensors(weights, meta)}
         if optimizer_state is not None:
             tensors, skeleton = flatten_state(optimizer_state)
             files[OPTIMIZER] = _to_safetensors(tensors, {**meta, "skeleton": skeleton})
-        # Withdraw an old record first: a half-overwritten checkpoint must not stay "latest".
-        if key in self.manifest.read().get("checkpoints", {}):
-            self.manifest.update(lambda m: m["checkpoints"].pop(key, None))
         for name, data in files.items():
             self.location.write_bytes(data, *self._parts(iteration, name))
-        record = {"iteration": iteration, "weights_version": version, "saved_at":
-                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metadata": metadata or {},
-                  "files": {n: {"sha256": _sha256(d), "bytes": len(d)} for n, d in files.items()}}
+        return {"iteration": iteration, "weights_version": version, "saved_at":
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "metadata": metadata or {},
+                "files": {n: {"sha256": _sha256(d), "bytes": len(d)} for n, d in files.items()}}
+
+    def commit(self, record: dict) -> dict:
+        """Record a written checkpoint in the manifest: from now on it exists."""
+        key = iteration_dir(int(record["iteration"]))
         self.manifest.update(lambda m: m.setdefault("checkpoints", {}).__setitem__(key, record))
         return record
 

@@ -4,7 +4,12 @@ Everything the manifest names was written before the manifest recorded it (write
 a stage is complete if and only if its record is in ``stages``; a checkpoint exists if and only
 if its record (with sha256 of every file) is in ``checkpoints``. The manifest is rewritten as one
 object (a single PUT on S3, write-and-rename on a local disk), so a reader sees the old or the
-new manifest, never a mix. One process -- the driver -- writes it; workers only read it.
+new manifest, never a mix. One process -- the driver -- writes it; workers only read it (a
+worker writes a checkpoint's files and returns its record; the driver commits the record).
+
+The writer's manifest keeps what it last read or wrote (``cache=True``): as the only writer it
+knows the object's content, so checking a stage or recording one costs no read -- on S3 that
+was dozens of GETs an iteration. Readers always read afresh.
 """
 from __future__ import annotations
 
@@ -76,18 +81,31 @@ def empty_manifest() -> dict:
 class Manifest:
     """Read-modify-write access to ``RUN_URL/manifest.json``."""
 
-    def __init__(self, location: RunLocation) -> None:
+    def __init__(self, location: RunLocation, *, cache: bool = False) -> None:
         self.location = location
         self.url = location.child_url(MANIFEST)
+        self.cache = cache
+        self.reads = 0                       # objects fetched from storage (for benchmarks)
+        self._known: dict | None = None      # the writer's copy (cache=True)
         with _LOCKS_GUARD:
             self._lock = _LOCKS.setdefault(self.url, threading.Lock())
 
     # -- raw access ---------------------------------------------------------------------------
     def exists(self) -> bool:
-        return self.location.exists(MANIFEST)
+        return (self.cache and self._known is not None) or self.location.exists(MANIFEST)
 
     def read(self) -> dict:
-        """The current manifest (a fresh read every call); an error if it is unreadable."""
+        """The current manifest; an error if it is unreadable. A reader reads afresh every
+        call; the writer (``cache=True``) reads once and then knows it."""
+        if self.cache and self._known is not None:
+            return copy.deepcopy(self._known)
+        manifest = self._fetch()
+        if self.cache:
+            self._known = copy.deepcopy(manifest)
+        return manifest
+
+    def _fetch(self) -> dict:
+        self.reads += 1
         data = self.location.read_bytes(MANIFEST, small=True)
         try:
             manifest = json.loads(data.decode("utf-8"))
@@ -130,7 +148,10 @@ class Manifest:
         if leaked:
             raise ValueError(f"refusing to write a credential ({leaked}) into {self.url}; "
                              "pass StorageConfig.public_dict(), not the config itself")
+        self._known = None   # a failed write leaves the stored object unknown
         self.location.write_bytes(text.encode("utf-8"), MANIFEST)
+        if self.cache:
+            self._known = copy.deepcopy(manifest)
 
     # -- run info -----------------------------------------------------------------------------
     def set_run_info(self, **info: Any) -> dict:
@@ -151,8 +172,14 @@ class Manifest:
     def stage_record(self, stage: str) -> dict | None:
         if not self.exists():
             return None
-        return self.read().get("stages", {}).get(stage_key(stage))
+        return copy.deepcopy(self._current().get("stages", {}).get(stage_key(stage)))
 
     def stages(self) -> dict[str, dict]:
         """All stage records, by canonical stage name."""
-        return dict(self.read().get("stages", {})) if self.exists() else {}
+        return copy.deepcopy(self._current().get("stages", {})) if self.exists() else {}
+
+    def _current(self) -> dict:
+        """The manifest for a read-only look (the writer's own copy, not a deep copy of it)."""
+        if self.cache and self._known is not None:
+            return self._known
+        return self.read()

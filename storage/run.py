@@ -20,23 +20,26 @@ EVENTS = "events"   # run events, one JSON-lines object per batch
 class RunStore:
     """The run store of one run. Open it with :meth:`RunStore.open`."""
 
-    def __init__(self, config: StorageConfig, location: RunLocation) -> None:
+    def __init__(self, config: StorageConfig, location: RunLocation, *,
+                 writer: bool = False) -> None:
         self.config = config
         self.location = location
-        self.manifest = Manifest(location)
+        self.manifest = Manifest(location, cache=writer)
         self.latents = LatentStreams(location)
         self.rewards = RewardTable(location)
         self.checkpoints = CheckpointStore(location, self.manifest)
 
     @classmethod
     def open(cls, target: str | StorageConfig | None = None, *, create: bool = True,
-             **overrides: Any) -> "RunStore":
+             writer: bool = False, **overrides: Any) -> "RunStore":
         """Open (and with ``create``, initialise) the run at a URL or :class:`StorageConfig`.
 
         ``overrides`` replace config fields (``RunStore.open("s3://b/run", endpoint_url=...)``).
         The store is probed first (``check_on_open``): an unreachable store fails here, before
         any work, with an error naming the URL and endpoint. Without ``create`` a missing run is
-        an error rather than a new run.
+        an error rather than a new run. ``writer``: this process is the run's only manifest
+        writer (the driver), so its manifest reads once and then knows it; a pickled store
+        (what workers get) is a reader again.
         """
         if target is None:
             config = StorageConfig(**overrides)
@@ -50,7 +53,7 @@ class RunStore:
         location = open_location(config)
         if config.check_on_open:
             check_reachable(location, create_bucket=config.create_bucket and create, create=create)
-        store = cls(config, location)
+        store = cls(config, location, writer=writer)
         if create:
             store.manifest.create()
         elif not store.manifest.exists():
@@ -193,6 +196,14 @@ class RunStore:
     def save_checkpoint(self, iteration: int, weights: Mapping[str, Any],
                         optimizer_state: Any = None, **kwargs: Any) -> dict:
         return self.checkpoints.save(iteration, weights, optimizer_state, **kwargs)
+
+    def write_checkpoint(self, iteration: int, weights: Mapping[str, Any],
+                         optimizer_state: Any = None, **kwargs: Any) -> dict:
+        """A checkpoint's files, uncommitted; its record goes to :meth:`commit_checkpoint`."""
+        return self.checkpoints.write(iteration, weights, optimizer_state, **kwargs)
+
+    def commit_checkpoint(self, record: dict) -> dict:
+        return self.checkpoints.commit(record)
 
     def load_checkpoint(self, iteration: int | None = None, **kwargs: Any) -> Checkpoint:
         return self.checkpoints.load(iteration, **kwargs)

@@ -48,7 +48,7 @@ def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) ->
         adv = tasks.advantages_task(config, k, reward["rewards"], k)
         trained = tasks.train_task(config, store, rollout,
                                    tasks.TrainRequest(k, prompts, reward["rewards"], adv, k))
-        tasks.checkpoint_task(config, store, trained, k, k)
+        store.commit_checkpoint(tasks.checkpoint_task(config, store, trained, k, k)["checkpoint"])
         if (k + 1) % config.validation.every == 0 or k + 1 == iterations:
             tasks.validation_task(config, store, k + 1, val, k + 1)
         walls.append(time.time() - start)
@@ -56,11 +56,15 @@ def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) ->
     return walls
 
 
-def _session_run(config: RunConfig, mode: str, url: str, iterations: int) -> tuple[list, list]:
+def _session_run(config: RunConfig, mode: str, url: str,
+                 iterations: int) -> tuple[list, list, float]:
+    """Results, task records, and the driver's manifest reads per iteration while it ran."""
     cfg = config.with_values({"mode": mode, "cluster.dashboard": False})
     with Session.from_config(cfg, store=url) as session:
+        before = session.store.manifest.reads
         session.run(iterations)
-        return session.results, session.task_records()
+        reads = (session.store.manifest.reads - before) / max(iterations, 1)
+        return session.results, session.task_records(), reads
 
 
 @register_bench("overhead")
@@ -81,7 +85,7 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-overhead-"))
     # Rounds alternate the order (in-process, vanilla, spotlight, then the reverse): a slow
     # drift of a shared machine then weighs on every mode alike, not on whichever ran last.
-    inprocess, vanilla, spot, spot_tasks, all_tasks = [], [], [], [], []
+    inprocess, vanilla, spot, spot_tasks, all_tasks, reads = [], [], [], [], [], []
     for r in range(rounds or (1 if quick else 3)):
         for run in ("inprocess", "vanilla", "spotlight")[:: 1 if r % 2 == 0 else -1]:
             url = str(root / f"{run}-{r}")
@@ -90,7 +94,8 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
             elif run == "vanilla":
                 vanilla += _session_run(cfg, "vanilla", url, iterations)[0]
             else:
-                results, records = _session_run(cfg, "spotlight", url, iterations)
+                results, records, per_iteration = _session_run(cfg, "spotlight", url, iterations)
+                reads.append(per_iteration)
                 spot += results
                 all_tasks += records
                 spot_tasks = spot_tasks or records   # the timeline shows the first round
@@ -115,6 +120,9 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
         "explored_candidates": sum(r.explored for r in spot),
         "planned_candidates": sum(r.planned for r in spot),
         "filled_seeds": sum(r.filled for r in spot),
+        # GETs of manifest.json by the driver per iteration (spotlight mode): the driver is its
+        # only writer and keeps its own copy, so it reads it once when it opens the run.
+        "manifest_reads_per_iteration": max(reads) if reads else None,
         "cost_usd": {"vanilla": vanilla[-1].cost_total_usd, "spotlight": spot[-1].cost_total_usd},
         "timeline_png": str(timeline), "runs": str(root),
         "wall_s": time.monotonic() - started, "machine": machine(),

@@ -41,6 +41,8 @@ def test_one_iteration_chain_moves_the_weights_one_version(run):
     trained = tasks.train_task(config, store, rollout,
                                tasks.TrainRequest(0, prompts, reward["rewards"], adv, 0))
     saved = tasks.checkpoint_task(config, store, trained, 0, 0)
+    assert store.latest_checkpoint() == 0   # written, not yet committed: the driver does that
+    store.commit_checkpoint(saved["checkpoint"])
     assert store.latest_checkpoint() == 1 and saved["checkpoint"]["iteration"] == 1
     assert [r["stage"] for r in saved["records"]] == ["train", "checkpoint"]
     stored = store.load_checkpoint(1).weights

@@ -82,3 +82,34 @@ def test_config_is_recorded_without_credentials():
     text = store.location.read_bytes("manifest.json").decode()
     assert "example-secret-value-1234" not in text and "AKIAEXAMPLEKEY" not in text
     assert json.loads(text)["run"]["storage"]["url"] == cfg.url
+
+
+def test_the_writer_reads_once_and_readers_see_every_record(tmp_path):
+    from storage import RunStore
+
+    writer = RunStore.open(str(tmp_path / "run"), writer=True)
+    reader = RunStore.open(str(tmp_path / "run"), create=False)
+    start = writer.manifest.reads
+    for k in range(5):   # an iteration's worth of checks and records
+        assert writer.stage_record(f"iter-{k}/rollout") is None
+        writer.mark_stage_done(f"iter-{k}/rollout", {"k": k})
+        assert writer.stage_record(f"iter-{k}/rollout")["info"] == {"k": k}
+    assert writer.manifest.reads - start <= 1
+    assert [reader.stage_record(f"iter-{k}/rollout")["info"]["k"] for k in range(5)] == list(range(5))
+    # A copy handed out cannot change the writer's own.
+    writer.stage_record("iter-0/rollout")["info"]["k"] = 99
+    assert writer.stage_record("iter-0/rollout")["info"]["k"] == 0
+
+
+def test_a_worker_writes_checkpoint_files_and_only_the_writer_commits_them(tmp_path):
+    import torch
+
+    from storage import RunStore
+
+    writer = RunStore.open(str(tmp_path / "run"), writer=True)
+    worker = RunStore.open(str(tmp_path / "run"), create=False)   # as unpickled on a worker
+    record = worker.write_checkpoint(1, {"w": torch.ones(3)})
+    assert writer.latest_checkpoint() is None and worker.latest_checkpoint() is None
+    writer.commit_checkpoint(record)
+    assert worker.latest_checkpoint() == 1
+    assert torch.equal(worker.load_checkpoint(1).weights["w"], torch.ones(3))
