@@ -20,10 +20,11 @@ from typing import Any, Callable
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Ignored, NoticeReceived,
-                                           RequestDone, RequestPreempted, RequestState,
-                                           RequestSubmitted, Requeued, Retired, StageClosed,
-                                           Starved, WorkerJoined, WorkerLost, WorkerState)
+from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored,
+                                           NoticeReceived, RequestDone, RequestPreempted,
+                                           RequestProgressed, RequestState, RequestSubmitted,
+                                           Requeued, ResultLost, Retired, StageClosed, Starved,
+                                           Tick, WorkerJoined, WorkerLost, WorkerState)
 
 EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
@@ -76,7 +77,7 @@ class RequestPool:
         self.specs = {spec.name: spec for spec in requests}
         if len(self.specs) != len(requests):
             raise ValueError("RequestPool: request names must be unique")
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(no_worker_wait_s=config.no_spot_wait_s)
         self.results: dict[str, dict] = {}
         self.log: list[dict] = []          # every move of a request or worker, with its time
         self.error: BaseException | None = None
@@ -86,7 +87,6 @@ class RequestPool:
         self._addresses: dict[str, str] = {}                   # worker address -> name
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
-        self._starved_since: float | None = None
         self._stop = threading.Event()
         self._finished = threading.Event()
         self._lock = threading.RLock()
@@ -161,8 +161,7 @@ class RequestPool:
                 with self._lock:
                     for future in done:
                         self._settle(future)
-                    if self._starving_too_long():
-                        break
+                    self._apply(self.dispatcher.handle(Tick(time.monotonic())))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = exc
         finally:
@@ -183,9 +182,18 @@ class RequestPool:
     def _lose(self, addr: str) -> None:
         """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
         self._note("worker_lost", worker=self._addresses[addr])
+        self._report_progress(addr)
         self._drop_attempts_on(addr)
         self._apply(self.dispatcher.handle(WorkerLost(addr)))
         del self._addresses[addr]
+
+    def _report_progress(self, addr: str) -> None:
+        """Tell the dispatcher how far the requests of ``addr`` got (their committed step in the
+        run store), so their next attempts resume from there."""
+        state = self.dispatcher.workers.get(addr)
+        for request in sorted(state.running if state is not None else ()):
+            self._apply(self.dispatcher.handle(RequestProgressed(request,
+                                                                 self._committed(request)[0])))
 
     def _drop_attempts_on(self, addr: str) -> None:
         """Forget the attempts pinned to a vanished worker: they can never finish (no other
@@ -227,12 +235,15 @@ class RequestPool:
         except Exception as exc:  # noqa: BLE001 - the worker went with the result
             future.cancel()
             self._note("fetch_failed", request=request, error=f"{type(exc).__name__}: {exc}")
-            if worker in self._addresses and worker not in \
-                    self.client.scheduler_info(n_workers=-1)["workers"]:
-                self._lose(worker)   # the worker died with the result: a hard preemption
-                return
-            step = self._committed(request)[0]
-            self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, step)))
+            alive = worker not in self._addresses or \
+                worker in self.client.scheduler_info(n_workers=-1)["workers"]
+            if not alive:   # bookkeeping of the glue; what it means is the dispatcher's call
+                self._note("worker_lost", worker=self._addresses[worker])
+                self._report_progress(worker)
+                self._drop_attempts_on(worker)
+                del self._addresses[worker]
+            self._apply(self.dispatcher.handle(
+                ResultLost(request, attempt, worker, alive, self._committed(request)[0])))
             return
         if out.get("preempted"):
             # A hand-back says its worker heard a notice, maybe before its notice event
@@ -248,20 +259,6 @@ class RequestPool:
         self.results.setdefault(request, out)
         self._apply(self.dispatcher.handle(RequestDone(request, attempt)))
 
-    def _starving_too_long(self) -> bool:
-        starved = bool(self.dispatcher.queue) and not self.dispatcher.active_workers()
-        if not starved:
-            self._starved_since = None
-            return False
-        self._starved_since = self._starved_since or time.monotonic()
-        if time.monotonic() - self._starved_since < self.config.no_spot_wait_s:
-            return False
-        self.gave_up = (f"no {self.resource} worker for {self.config.no_spot_wait_s:g} s; "
-                        f"{len(self.dispatcher.queue)} requests not run")
-        self._note("gave_up", reason=self.gave_up)
-        self.on_event("dispatch", {"what": "gave_up", "reason": self.gave_up})
-        return True
-
     # -- actions ---------------------------------------------------------------------------
     def _apply(self, actions: list) -> None:
         for action in actions:
@@ -273,16 +270,21 @@ class RequestPool:
                     self._attempts.pop(future, None)
                     future.cancel()
             elif isinstance(action, Requeued):
-                step, committed_at = self._committed(action.request)
+                committed_at = self._committed(action.request)[1]
                 self._note("requeued", request=action.request,
                            worker=self._addresses.get(action.worker, action.worker),
-                           step=step, committed_at=committed_at, hard=action.hard)
+                           step=action.step, committed_at=committed_at, hard=action.hard)
             elif isinstance(action, Retired):
                 self._note("retired", worker=self._addresses.get(action.worker, action.worker))
             elif isinstance(action, Starved):
                 self._note("starved", waiting=action.waiting)
                 self.on_event("dispatch", {"what": "starved", "waiting": action.waiting,
                                            "wait_s": self.config.no_spot_wait_s})
+            elif isinstance(action, GaveUp):
+                self.gave_up = (f"no {self.resource} worker for {self.config.no_spot_wait_s:g} s; "
+                                f"{action.waiting} requests not run")
+                self._note("gave_up", reason=self.gave_up)
+                self.on_event("dispatch", {"what": "gave_up", "reason": self.gave_up})
             elif isinstance(action, Ignored):
                 self._note("ignored", reason=action.reason)
 

@@ -67,12 +67,31 @@ class RequestPreempted:
 
 
 @dataclass(frozen=True)
+class ResultLost:
+    """An attempt finished but its result could not be fetched; ``worker_alive`` says whether
+    its worker is still in the cluster (if not, the result went with it)."""
+
+    request: str
+    attempt: int
+    worker: str
+    worker_alive: bool
+    step: int = 0   # the request's committed step in the run store
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes (the glue's clock, in seconds): starvation may have lasted too long."""
+
+    now: float
+
+
+@dataclass(frozen=True)
 class StageClosed:
     """The deadline (or the caller) ends the stage: nothing more runs."""
 
 
 Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestProgressed
-         | RequestDone | RequestPreempted | StageClosed)
+         | RequestDone | RequestPreempted | ResultLost | Tick | StageClosed)
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -114,12 +133,20 @@ class Starved:
 
 
 @dataclass(frozen=True)
+class GaveUp:
+    """Requests waited ``waited_s`` with no worker to take them: the stage closed without them."""
+
+    waited_s: float
+    waiting: int
+
+
+@dataclass(frozen=True)
 class Ignored:
     event: object
     reason: str
 
 
-Action = Assign | Cancel | Requeued | Retired | Starved | Ignored
+Action = Assign | Cancel | Requeued | Retired | Starved | GaveUp | Ignored
 
 
 # --- state --------------------------------------------------------------------------------------
@@ -165,14 +192,20 @@ class Worker:
 
 
 class Dispatcher:
-    """The dispatch state of one stage's requests over a changing set of workers."""
+    """The dispatch state of one stage's requests over a changing set of workers.
 
-    def __init__(self) -> None:
+    ``no_worker_wait_s``: how long queued requests may wait with no worker at all before the
+    stage gives up on them (None: for ever), measured on the clock of :class:`Tick` events.
+    """
+
+    def __init__(self, no_worker_wait_s: float | None = None) -> None:
         self.requests: dict[str, Request] = {}
         self.workers: dict[str, Worker] = {}
         self.queue: deque[str] = deque()
         self.closed = False
+        self.no_worker_wait_s = no_worker_wait_s
         self._starved = False
+        self._starved_since: float | None = None
 
     # -- the one entry point ----------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -277,6 +310,32 @@ class Dispatcher:
         return [Requeued(request.name, worker, request.committed_step, hard=False)] \
             + self._retire_drained()
 
+    def _on_ResultLost(self, event: ResultLost) -> list[Action]:
+        request = self.requests.get(event.request)
+        if request is None or request.state is not RequestState.RUNNING or \
+                event.attempt != request.attempt:
+            return [Ignored(event, f"attempt {event.attempt} of {event.request} is not running")]
+        request.committed_step = max(request.committed_step, event.step)
+        if not event.worker_alive:   # the result went with its worker: a hard loss of it all
+            return self._on_WorkerLost(WorkerLost(event.worker))
+        request.hard_preemptions += 1   # computed, then lost in transit: run it again
+        self._release(request)
+        self._requeue(request)
+        return [Requeued(request.name, event.worker, request.committed_step, hard=True)]
+
+    def _on_Tick(self, event: Tick) -> list[Action]:
+        starved = bool(self.queue) and not self.closed and not self.active_workers()
+        if not starved:
+            self._starved_since = None
+            return []
+        if self._starved_since is None:
+            self._starved_since = event.now
+        waited = event.now - self._starved_since
+        if self.no_worker_wait_s is None or waited < self.no_worker_wait_s:
+            return []
+        waiting = len(self.queue)
+        return [GaveUp(waited, waiting)] + self._on_StageClosed(StageClosed())
+
     def _on_StageClosed(self, event: StageClosed) -> list[Action]:
         self.closed = True
         actions: list[Action] = []
@@ -335,4 +394,6 @@ class Dispatcher:
             w.state is WorkerState.ACTIVE for w in self.workers.values())
         announce = starved and not self._starved
         self._starved = starved
+        if not starved:   # a worker came (or nothing waits): the give-up clock starts over
+            self._starved_since = None
         return [Starved(len(self.queue))] if announce else []

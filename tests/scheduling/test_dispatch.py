@@ -3,11 +3,11 @@ import random
 
 import pytest
 
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Ignored, NoticeReceived,
-                                           RequestDone, RequestPreempted, RequestProgressed,
-                                           RequestState, RequestSubmitted, Requeued, Retired,
-                                           StageClosed, Starved, WorkerJoined, WorkerLost,
-                                           WorkerState)
+from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored,
+                                           NoticeReceived, RequestDone, RequestPreempted,
+                                           RequestProgressed, RequestState, RequestSubmitted,
+                                           Requeued, ResultLost, Retired, StageClosed, Starved,
+                                           Tick, WorkerJoined, WorkerLost, WorkerState)
 
 
 def of(actions, kind):
@@ -217,3 +217,45 @@ def test_a_lost_worker_with_several_slots_requeues_every_request_it_held():
     assigned = of(d.handle(WorkerJoined("next", slots=4)), Assign)
     assert sorted((a.request, a.resume_step) for a in assigned) == [("a", 2), ("b", 0), ("c", 5),
                                                                     ("d", 0)]
+
+
+def test_starved_requests_are_given_up_after_the_wait_on_the_tick_clock():
+    d = Dispatcher(no_worker_wait_s=10.0)
+    submit(d, ["a", "b"])
+    assert d.handle(Tick(100.0)) == []            # starvation starts now
+    assert d.handle(Tick(109.9)) == []
+    d.handle(WorkerJoined("w"))                    # a worker comes: the clock resets ...
+    d.handle(WorkerLost("w"))                      # ... and goes
+    assert d.handle(Tick(115.0)) == []             # starved again, since 115
+    actions = d.handle(Tick(125.0))
+    assert of(actions, GaveUp) == [GaveUp(10.0, 2)]
+    assert d.finished and d.count(RequestState.CANCELLED) == 2 and d.closed
+    assert d.handle(Tick(200.0)) == []             # said once
+
+
+def test_without_a_wait_starvation_never_gives_up():
+    d = Dispatcher()
+    submit(d, ["a"])
+    assert d.handle(Tick(0.0)) == [] and d.handle(Tick(1e9)) == []
+    assert not d.finished
+
+
+def test_a_lost_result_of_a_live_worker_reruns_that_request_from_its_committed_step():
+    d = Dispatcher()
+    submit(d, ["a", "b"])
+    d.handle(WorkerJoined("w", slots=2))
+    actions = d.handle(ResultLost("a", 1, "w", worker_alive=True, step=3))
+    assert of(actions, Requeued) == [Requeued("a", "w", 3, hard=True)]
+    assert of(actions, Assign) == [Assign("a", "w", 2, 3)]   # the free slot pulls it again
+    assert d.requests["a"].hard_preemptions == 1 and d.workers["w"].state is WorkerState.ACTIVE
+    assert of(d.handle(ResultLost("a", 1, "w", True)), Ignored)   # a stale attempt
+
+
+def test_a_lost_result_of_a_dead_worker_loses_everything_it_held():
+    d = Dispatcher()
+    submit(d, ["a", "b", "c"])
+    d.handle(WorkerJoined("w", slots=2))
+    d.handle(RequestProgressed("b", 4))
+    actions = d.handle(ResultLost("a", 1, "w", worker_alive=False, step=2))
+    assert sorted((r.request, r.step) for r in of(actions, Requeued)) == [("a", 2), ("b", 4)]
+    assert d.workers["w"].state is WorkerState.GONE and of(actions, Starved)
