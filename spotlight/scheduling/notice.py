@@ -1,24 +1,16 @@
-"""Preemption notice sources: how a spot worker learns it is about to be reclaimed.
+"""Preemption notices: what the clouds' metadata services say, read as a notice or none.
 
-A worker plugin calls :meth:`NoticeSource.check` on each configured source every poll
-interval. A source never raises on network trouble: a connection error, timeout, HTTP error
-or malformed reply means "no notice now", and the reason is kept in ``last_error`` so an
-operator can see why a source is silent. SIGTERM is handled by the worker plugin itself.
-Stdlib only; metadata requests bypass any HTTP proxy set in the environment.
+Pure functions of a reply (HTTP status and body) and a clock; the polling itself -- HTTP
+requests, a file on disk, SIGTERM -- is I/O and lives in :mod:`pipelines.notices`. Each parser
+returns a :class:`Notice`, None (no notice now), or raises :class:`NoNotice` when the reply
+cannot be understood (the poller keeps its message so an operator sees why a source is silent).
 """
 from __future__ import annotations
 
-import http.client
 import json
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from pathlib import Path
-from typing import Callable, Iterable
 
 VALID_SOURCES = ("sigterm", "file", "aws", "gcp", "azure")
 GCP_GRACE_S = 30.0  # GCP's documented preemption grace period
@@ -27,10 +19,6 @@ AWS_URL = "http://169.254.169.254/latest/meta-data/spot/instance-action"
 AWS_TOKEN_URL = "http://169.254.169.254/latest/api/token"
 GCP_URL = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
 AZURE_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
-
-_MAX_BODY = 1 << 16
-# Link-local / internal metadata services must never go through an HTTP proxy.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
@@ -41,195 +29,69 @@ class Notice:
     deadline_s: float | None
 
 
-class _NoNotice(Exception):
-    """Internal: the source could not be read; the message becomes ``last_error``."""
+class NoNotice(Exception):
+    """The source could not be read or understood; the message says why."""
 
 
-class NoticeSource:
-    """Base class: subclasses set ``name`` and implement :meth:`_poll`."""
-    name = "base"
-
-    def __init__(self) -> None:
-        self.last_error: str | None = None
-
-    def check(self) -> Notice | None:
-        """The current notice, or None. Never raises on network or parse trouble."""
-        try:
-            notice = self._poll()
-        except (_NoNotice, OSError, http.client.HTTPException, ValueError) as e:
-            self.last_error = str(e) if isinstance(e, _NoNotice) else f"{self.name}: {type(e).__name__}: {e}"
-            return None
-        self.last_error = None
-        return notice
-
-    def _poll(self) -> Notice | None:
-        raise NotImplementedError
+def http_failure(source: str, url: str, status: int, body: str) -> NoNotice:
+    return NoNotice(f"{source}: HTTP {status} from {url}: {body.strip()[:200]}")
 
 
-def _request(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    """(status, body) for any HTTP reply, 4xx/5xx included; network errors raise OSError."""
-    req = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with _OPENER.open(req, timeout=timeout_s) as resp:
-            return resp.status, resp.read(_MAX_BODY).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        with e:
-            body = e.read(_MAX_BODY).decode("utf-8", "replace") if e.fp is not None else ""
-        return e.code, body
-
-
-def _fail(source: str, url: str, status: int, body: str) -> _NoNotice:
-    return _NoNotice(f"{source}: HTTP {status} from {url}: {body.strip()[:200]}")
-
-
-class FileNotice(NoticeSource):
-    """Notice when ``path`` exists (e.g. touched by an operator or a node agent)."""
-    name = "file"
-
-    def __init__(self, path: str | Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-
-    def _poll(self) -> Notice | None:
-        if not self.path.exists():
-            return None
-        try:
-            text = self.path.read_text(errors="replace").strip()
-        except OSError:  # a directory, or unreadable: it still exists
-            text = ""
-        return Notice(self.name, text or "file exists", None)
-
-
-class AwsNotice(NoticeSource):
-    """EC2 spot instance-action via IMDSv2, falling back to IMDSv1 if no token can be had."""
-    name = "aws"
-
-    def __init__(self, url: str = AWS_URL, token_url: str = AWS_TOKEN_URL, timeout_s: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__()
-        self.url, self.token_url, self.timeout_s, self.clock = url, token_url, timeout_s, clock
-
-    def _token(self) -> str | None:
-        try:
-            status, body = _request("PUT", self.token_url,
-                                    {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, self.timeout_s)
-        except (OSError, http.client.HTTPException):
-            return None
-        return (body.strip() or None) if status == 200 else None
-
-    def _poll(self) -> Notice | None:
-        token = self._token()
-        headers = {"X-aws-ec2-metadata-token": token} if token else {}
-        status, body = _request("GET", self.url, headers, self.timeout_s)
-        if status == 404:  # no action scheduled
-            return None
-        if status != 200:
-            raise _fail(self.name, self.url, status, body)
-        try:  # a 200 means an action is scheduled, even if its body is unreadable
-            doc = json.loads(body)
-            action, when = str(doc["action"]), str(doc.get("time", ""))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return Notice(self.name, f"instance-action (unparsed): {body.strip()[:200]}", None)
-        try:
-            deadline: float | None = _until(_parse_iso(when), self.clock)
-        except ValueError:  # the action stands even if its time is unreadable
-            deadline = None
-        return Notice(self.name, f"spot instance-action {action} at {when}: {body.strip()}", deadline)
-
-
-class GcpNotice(NoticeSource):
-    """GCE preemptible/spot VM: the metadata server's ``instance/preempted`` flag."""
-    name = "gcp"
-
-    def __init__(self, url: str = GCP_URL, timeout_s: float = 0.5) -> None:
-        super().__init__()
-        self.url, self.timeout_s = url, timeout_s
-
-    def _poll(self) -> Notice | None:
-        status, body = _request("GET", self.url, {"Metadata-Flavor": "Google"}, self.timeout_s)
-        if status != 200:
-            raise _fail(self.name, self.url, status, body)
-        value = body.strip().upper()
-        if value == "TRUE":
-            return Notice(self.name, "GCE instance/preempted is TRUE", GCP_GRACE_S)
-        if value == "FALSE":
-            return None
-        raise _NoNotice(f"{self.name}: unexpected body from {self.url}: {body.strip()[:200]!r}")
-
-
-class AzureNotice(NoticeSource):
-    """Azure Scheduled Events: a notice when any event has EventType "Preempt"."""
-    name = "azure"
-
-    def __init__(self, url: str = AZURE_URL, timeout_s: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__()
-        self.url, self.timeout_s, self.clock = url, timeout_s, clock
-
-    def _poll(self) -> Notice | None:
-        status, body = _request("GET", self.url, {"Metadata": "true"}, self.timeout_s)
-        if status != 200:
-            raise _fail(self.name, self.url, status, body)
-        doc = json.loads(body)
-        for ev in (doc.get("Events") or []) if isinstance(doc, dict) else []:
-            if isinstance(ev, dict) and ev.get("EventType") == "Preempt":
-                try:
-                    when = parsedate_to_datetime(str(ev.get("NotBefore") or ""))
-                except (TypeError, ValueError, IndexError):
-                    when = None
-                deadline = _until(when, self.clock) if when is not None else None
-                reason = (f"Azure scheduled event Preempt id={ev.get('EventId')} "
-                          f"NotBefore={ev.get('NotBefore')!r} resources={ev.get('Resources')}")
-                return Notice(self.name, reason, deadline)
+def aws_notice(status: int, body: str, url: str, now: float) -> Notice | None:
+    """EC2's spot ``instance-action``: 404 none scheduled, 200 an action (even unparsable)."""
+    if status == 404:  # no action scheduled
         return None
+    if status != 200:
+        raise http_failure("aws", url, status, body)
+    try:  # a 200 means an action is scheduled, even if its body is unreadable
+        doc = json.loads(body)
+        action, when = str(doc["action"]), str(doc.get("time", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Notice("aws", f"instance-action (unparsed): {body.strip()[:200]}", None)
+    try:
+        deadline: float | None = seconds_until(parse_iso(when), now)
+    except ValueError:  # the action stands even if its time is unreadable
+        deadline = None
+    return Notice("aws", f"spot instance-action {action} at {when}: {body.strip()}", deadline)
 
 
-def _parse_iso(text: str) -> datetime:
+def gcp_notice(status: int, body: str, url: str) -> Notice | None:
+    """GCE's ``instance/preempted`` flag: TRUE or FALSE."""
+    if status != 200:
+        raise http_failure("gcp", url, status, body)
+    value = body.strip().upper()
+    if value == "TRUE":
+        return Notice("gcp", "GCE instance/preempted is TRUE", GCP_GRACE_S)
+    if value == "FALSE":
+        return None
+    raise NoNotice(f"gcp: unexpected body from {url}: {body.strip()[:200]!r}")
+
+
+def azure_notice(status: int, body: str, url: str, now: float) -> Notice | None:
+    """Azure Scheduled Events: a notice when any event has EventType "Preempt"."""
+    if status != 200:
+        raise http_failure("azure", url, status, body)
+    doc = json.loads(body)
+    for ev in (doc.get("Events") or []) if isinstance(doc, dict) else []:
+        if isinstance(ev, dict) and ev.get("EventType") == "Preempt":
+            try:
+                when = parsedate_to_datetime(str(ev.get("NotBefore") or ""))
+            except (TypeError, ValueError, IndexError):
+                when = None
+            deadline = seconds_until(when, now) if when is not None else None
+            reason = (f"Azure scheduled event Preempt id={ev.get('EventId')} "
+                      f"NotBefore={ev.get('NotBefore')!r} resources={ev.get('Resources')}")
+            return Notice("azure", reason, deadline)
+    return None
+
+
+def parse_iso(text: str) -> datetime:
     """UTC ISO 8601 with a trailing Z (Python 3.10's fromisoformat does not accept Z)."""
     return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
 
 
-def _until(when: datetime, clock: Callable[[], float]) -> float:
-    """Seconds from ``clock()`` to ``when``, floored at 0 (a past deadline means "now")."""
+def seconds_until(when: datetime, now: float) -> float:
+    """Seconds from ``now`` to ``when``, floored at 0 (a past deadline means "now")."""
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, when.timestamp() - clock())
-
-
-def _aws_token_url(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/latest/api/token", "", ""))
-
-
-def build_sources(names: Iterable[str], *, file_path: str = "", aws_url: str = "",
-                  gcp_url: str = "", azure_url: str = "") -> list[NoticeSource]:
-    """Sources for ``names`` in order; "sigterm" (handled by the worker plugin) and blanks are skipped."""
-    sources: list[NoticeSource] = []
-    for raw in names:
-        name = raw.strip().lower()
-        if not name or name == "sigterm":
-            continue
-        if name == "file":
-            if not file_path:
-                raise ValueError("notice source 'file' needs a path: set file_path "
-                                 "(the file whose appearance signals preemption)")
-            sources.append(FileNotice(file_path))
-        elif name == "aws":
-            # A custom instance-action URL (a mock IMDS) gets its token from the same host.
-            sources.append(AwsNotice(aws_url, _aws_token_url(aws_url)) if aws_url else AwsNotice())
-        elif name == "gcp":
-            sources.append(GcpNotice(gcp_url or GCP_URL))
-        elif name == "azure":
-            sources.append(AzureNotice(azure_url or AZURE_URL))
-        else:
-            raise ValueError(f"unknown notice source {raw!r}; valid names: {', '.join(VALID_SOURCES)}")
-    return sources
-
-
-def first_notice(sources: Iterable[NoticeSource]) -> Notice | None:
-    """The notice from the first source that reports one, or None (later sources are not polled)."""
-    for source in sources:
-        notice = source.check()
-        if notice is not None:
-            return notice
-    return None
+    return max(0.0, when.timestamp() - now)

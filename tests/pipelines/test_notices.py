@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from spotlight.scheduling.notice import (AWS_URL, AZURE_URL, GCP_URL, VALID_SOURCES, AwsNotice,
-                                         AzureNotice, FileNotice, GcpNotice, Notice, NoticeSource,
-                                         build_sources, first_notice)
+from pipelines.notices import (AwsNotice, AzureNotice, FileNotice, GcpNotice, NoticeSource,
+                               build_sources, first_notice)
+from spotlight.scheduling.notice import AWS_URL, AZURE_URL, GCP_URL, VALID_SOURCES, Notice
 
 ACTION = "/latest/meta-data/spot/instance-action"
 TOKEN = "/latest/api/token"
