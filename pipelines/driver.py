@@ -22,25 +22,17 @@ from typing import Any, Callable
 import numpy as np
 
 from pipelines import worker as tasks
-from pipelines.cluster import GPU, SPOT, ClusterHandle, RunInterrupted, task_error
-from pipelines.exploring import ExplorationBook
+from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
+from pipelines.exploration import Exploration
 from pipelines.iteration import IterationResult, IterationState
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
-from spotlight.exploration import Selection, select_seeds
-from spotlight.exploration.fidelity import RankFidelityMonitor
-from spotlight.exploration.planner import ExplorationPlanner
+from spotlight.exploration import Selection
 from spotlight.models.prompts import Prompt
-from spotlight.rl.trainer import iteration_prompts, random_seeds
+from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
-from storage.manifest import stage_key
 
 EventFn = Callable[[str, dict], None]
-
-
-def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
-    """The N candidate seeds of each prompt explored for ``iteration`` (deterministic)."""
-    return random_seeds(run_seed + 7919, iteration, prompts, candidates)
 
 
 # What goes into the run store's event log (``RunStore.read_events``): what an operator audits
@@ -48,7 +40,7 @@ def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int
 RECORDED_EVENTS = frozenset({"dispatch", "preemptions", "injector", "fidelity", "request"})
 
 
-class Driver(ExplorationBook):
+class Driver:
     """Runs iterations of one run on one cluster; the state lives in the run store."""
 
     def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
@@ -59,13 +51,13 @@ class Driver(ExplorationBook):
         self.on_event = on_event or (lambda kind, info: None)
         self.prices = _prices(config)
         self.ledger = self._restored_ledger()
-        self.planner, self.monitor = self._restored_planning()
         self._attempt = uuid.uuid4().hex[:6]
         self._events: list[dict] = []       # operator events not yet in the run store
         self._events_lock = threading.Lock()
         self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
         self._stop = threading.Event()
+        self.exploration = Exploration(self)   # plans, runs and judges seed exploration
 
     def stop(self) -> None:
         """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
@@ -75,14 +67,14 @@ class Driver(ExplorationBook):
         if self._stop.is_set():
             raise RunInterrupted("the run was stopped")
 
-    def _await(self, futures: list, what: str, resource: str = GPU) -> None:
+    def await_futures(self, futures: list, what: str, resource: str = GPU) -> None:
         """Wait for Dask futures, stopping on :meth:`stop` and when their workers are gone."""
         self.cluster.wait_for(futures, resource, self._stop, self.config.cluster.worker_wait_s,
                               what)
 
     def _result(self, future, what: str, resource: str = GPU):
         """The result of one task, or one clear error naming the stage if it raised."""
-        self._await([future], what, resource)
+        self.await_futures([future], what, resource)
         if future.status == "error":
             raise task_error(future.exception(), what, resource)
         return future.result()
@@ -90,7 +82,7 @@ class Driver(ExplorationBook):
     def _restored_ledger(self) -> CostLedger:
         """The ledger of the last recorded iteration; its workers count as gone since then."""
         k, last = 0, None
-        while (record := self._done(k, "iteration")) is not None:
+        while (record := self.stage_done(k, "iteration")) is not None:
             last, k = record, k + 1
         if last is None:
             return CostLedger()
@@ -108,35 +100,18 @@ class Driver(ExplorationBook):
                                            pure=False, key=f"warm-up-{self._attempt}-{i}")
                 for i, address in enumerate(workers)]
 
-    def _restored_planning(self) -> tuple[ExplorationPlanner, RankFidelityMonitor]:
-        """Planner and fidelity monitor as the last recorded iteration left them."""
-        stages = self.store.manifest.stages()   # one read, however long the run
-        k = 0
-        while stage_key(tasks.stage_name(k, "iteration")) in stages:
-            k += 1
-        if k == 0:
-            return (ExplorationPlanner(self.config.planner, self.config.sampler),
-                    RankFidelityMonitor(self.config.fidelity))
-        record = stages[stage_key(tasks.stage_name(k - 1, "iteration"))]["info"]
-        # Runs recorded before the planning state left the manifest keep it in the record.
-        state = record if "planner" in record else \
-            self.store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
-        return (ExplorationPlanner.from_dict(self.config.planner, state["planner"],
-                                             self.config.sampler),
-                RankFidelityMonitor.from_dict(self.config.fidelity, state["monitor"]))
-
     # --- helpers --------------------------------------------------------------------------------
-    def _submit(self, fn, *args, resource: str, name: str, **kwargs):
+    def submit(self, fn, *args, resource: str, name: str, **kwargs):
         return self.cluster.client.submit(fn, *args, resources={resource: 1}, pure=False,
                                           key=f"{name}-{self._attempt}-{uuid.uuid4().hex[:8]}",
                                           **kwargs)
 
-    def _emit(self, kind: str, /, **info: Any) -> None:
+    def emit(self, kind: str, /, **info: Any) -> None:
         if kind in RECORDED_EVENTS:
-            self._record_event(kind, info)
+            self.record_event(kind, info)
         self.on_event(kind, info)
 
-    def _record_event(self, kind: str, info: dict) -> None:
+    def record_event(self, kind: str, info: dict) -> None:
         """Keep an operator event for the run store's event log (written per iteration)."""
         info = {("what" if k == "kind" else k):   # the injector's own kind: kill, notice, ...
                 dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
@@ -162,127 +137,23 @@ class Driver(ExplorationBook):
             if name not in seen:
                 self.ledger.worker_left(name, now)
 
-    def _done(self, iteration: int, stage: str) -> dict | None:
+    def stage_done(self, iteration: int, stage: str) -> dict | None:
         """The info of a completed stage, or None."""
         record = self.store.stage_record(tasks.stage_name(iteration, stage))
         return None if record is None else record["info"]
 
-    def _mark(self, iteration: int, stage: str, info: dict | None = None) -> None:
+    def mark(self, iteration: int, stage: str, info: dict | None = None) -> None:
         self.store.mark_stage_done(tasks.stage_name(iteration, stage), info or {})
-        self._emit("stage_done", iteration=iteration, stage=stage)
+        self.emit("stage_done", iteration=iteration, stage=stage)
 
     def prompts(self, iteration: int) -> list[Prompt]:
         return iteration_prompts(self.train_prompts, iteration,
                                  self.config.grpo.prompts_per_iteration, self.config.seed)
 
-    # --- exploration ----------------------------------------------------------------------------
-    def submit_exploration(self, iteration: int, version: int, resource: str,
-                           candidates: int | None = None, steps: int | None = None,
-                           prompts_explored: int | None = None) -> list:
-        """Explore the (first ``prompts_explored``) prompts of ``iteration`` with weights
-        ``version``, one future per request."""
-        cfg, explore = self.config, self.config.exploration
-        candidates = candidates or explore.candidates
-        prompts = self.prompts(iteration)
-        if prompts_explored is not None:
-            prompts = prompts[:prompts_explored]
-        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
-        stage = "explore" if resource == SPOT else "explore-sync"
-        requests = [self.explore_spec(tasks.ExploreRequest(
-                        iteration, p, prompt, seeds[p, lo:lo + explore.request_batch], chunk,
-                        version, stage, steps))
-                    for p, prompt in enumerate(prompts)
-                    for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
-        return self.dispatch(requests, resource, stage)
-
-    def finish_exploration(self, iteration: int, futures: list, stage: str,
-                           planned: int | None = None, select: bool = True) -> Selection | None:
-        """Collect finished exploration requests and record them; select seeds for ``iteration``."""
-        finished, cancelled, dispatch = self.collect(futures, stage)
-        prompts = self.prompts(iteration)
-        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
-        for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
-            per_prompt[out["prompt_index"]][0].extend(out["seeds"].tolist())
-            per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
-        self.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
-            "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
-            "tasks": [o["record"] for o in finished], "dispatch": dispatch})
-        explored = sum(len(s) for s, _ in per_prompt)
-        planned = planned if planned is not None else len(prompts) * self.config.exploration.candidates
-        self._mark(iteration, stage, {"explored": explored, "planned": planned,
-                                      "requests_finished": len(finished),
-                                      "requests_cancelled": cancelled,
-                                      "preemptions": (dispatch or {}).get("summary", {}).get(
-                                          "preemptions_hard", 0) + (dispatch or {}).get(
-                                          "summary", {}).get("preemptions_graceful", 0)})
-        if not select:
-            return None
-        return self._select(iteration, per_prompt, stage)
-
-    def _select(self, iteration: int, per_prompt: list[tuple[list, list]], source: str) -> Selection:
-        grpo = self.config.grpo
-        fresh = random_seeds(self.config.seed, iteration, len(per_prompt), grpo.group_size)
-        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
-                                 grpo.group_size, fresh)
-        return self._record_selection(iteration, selection, source)
-
-    def _record_selection(self, iteration: int, selection: Selection, source: str) -> Selection:
-        """The seeds go to the run store and only their source to the manifest: every stage
-        record rewrites the whole manifest, so what grows with the run stays out of it."""
-        self.store.put_json(tasks.stage_name(iteration, "selection"), "selection",
-                            selection.to_record())
-        self._mark(iteration, "selection", {"source": source})
-        return selection
-
-    def _stale_candidates(self, iteration: int) -> dict | None:
-        if self._done(iteration, "explore") is None:
-            return None
-        return self.store.get_json(tasks.stage_name(iteration, "explore"), "candidates")
-
-    def seeds_for(self, iteration: int) -> Selection:
-        """The seeds of ``iteration``: recorded, explored synchronously now, or random.
-
-        In spotlight mode with the fidelity monitor in fallback, the stale candidates are kept
-        for measuring τ but the seeds come from the fallback (fresh exploration or random).
-        """
-        record = self._done(iteration, "selection")
-        if record is not None:
-            return Selection.from_record(record.get("selection") or self.store.get_json(
-                tasks.stage_name(iteration, "selection"), "selection"))
-        grpo, cfg = self.config.grpo, self.config
-        fallback = self.mode == "spotlight" and self.monitor.state == "fallback"
-        if self.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
-            self._emit("stage_start", iteration=iteration, stage="explore-sync")
-            candidates = cfg.exploration.candidates
-            futures = self.submit_exploration(iteration, iteration, GPU, candidates)
-            self.wait_all(futures, f"iteration {iteration}'s synchronous exploration", GPU)
-            return self.finish_exploration(iteration, futures, "explore-sync",
-                                           planned=len(self.prompts(iteration)) * candidates)
-        stale = self._stale_candidates(iteration) if self.mode == "spotlight" else None
-        if stale is not None and not fallback:   # explored, not yet selected (a resumed driver)
-            return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
-        if fallback:   # random fallback: the first G candidates are random seeds too
-            if stale is not None:
-                per_prompt = [(s[:grpo.group_size], r[:grpo.group_size])
-                              for s, r in zip(stale["seeds"], stale["rewards"])]
-                return self._select(iteration, per_prompt, "fallback-random")
-        seeds = random_seeds(cfg.seed, iteration, grpo.prompts_per_iteration, grpo.group_size)
-        selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
-                              np.full(seeds.shape, np.nan))
-        return self._record_selection(iteration, selection, "random")
-
-    def _start_exploration(self, k: int) -> tuple:
-        """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
-        plan = self.plan_exploration(k + 1)
-        if self._done(k + 1, "explore") or not plan.candidates:
-            return plan, []
-        return plan, self.submit_exploration(k + 1, k, SPOT, plan.candidates, plan.steps,
-                                             plan.prompts)
-
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
         """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
-        done = self._done(k, "iteration")
+        done = self.stage_done(k, "iteration")
         if done is not None:
             return IterationResult(**done["result"])
         self.check_running()
@@ -297,71 +168,72 @@ class Driver(ExplorationBook):
         return self._finish(it)
 
     def _begin(self, k: int, explore_next: bool) -> "IterationState":
-        it = IterationState(k=k, start=time.time(), prompts=self.prompts(k),
-                            resumed=[s for s in ("rollout", "reward", "train") if self._done(k, s)],
+        resumed = [s for s in ("rollout", "reward", "train") if self.stage_done(k, s)]
+        it = IterationState(k=k, start=time.time(), prompts=self.prompts(k), resumed=resumed,
                             spotlight=self.mode == "spotlight",
                             explores=explore_next and self.mode == "spotlight")
-        it.selection = self.seeds_for(k)
+        it.selection = self.exploration.seeds_for(k)
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        it.audit = self.submit_audit(k) if it.spotlight and not self._done(k, "audit") else []
+        audit_done = self.stage_done(k, "audit") is not None
+        it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
         if it.explores and self.config.exploration.window == "iteration":
-            it.plan, it.explore_futures = self._start_exploration(k)
+            it.plan, it.explore_futures = self.exploration.start_next(k)
         return it
 
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
-        self._emit("stage_start", iteration=k, stage="rollout")
-        if self._done(k, "rollout"):
-            it.rollout_f = self._submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
+        self.emit("stage_start", iteration=k, stage="rollout")
+        if self.stage_done(k, "rollout"):
+            it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
                                         name="load-rollout")
         else:
-            it.rollout_f = self._submit(
+            it.rollout_f = self.submit(
                 tasks.rollout_task, cfg, self.store,
                 tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k), resource=GPU,
                 name="rollout")
-        if self._done(k, "reward"):
+        if self.stage_done(k, "reward"):
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
             return
-        out = self._result(self._submit(tasks.reward_task, cfg, self.store, it.rollout_f,
+        out = self._result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
                                         it.prompts, cfg.grpo.group_size, k, resource=GPU,
                                         name="reward"), f"iteration {k}'s rollout and reward")
         it.rewards = out["rewards"]
         it.records += out["records"] + [out["record"]]
-        self._mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
-        self._mark(k, "reward", {"task": out["record"], "mean": float(it.rewards.mean())})
+        self.mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
+        self.mark(k, "reward", {"task": out["record"], "mean": float(it.rewards.mean())})
 
     def _advantages(self, it: "IterationState") -> None:
         k = it.k
-        self._emit("stage_start", iteration=k, stage="train")
-        it.adv = self._result(self._submit(tasks.advantages_task, self.config, k, it.rewards, k,
+        self.emit("stage_start", iteration=k, stage="train")
+        it.adv = self._result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
                                            resource=GPU, name="advantages"),
                               f"iteration {k}'s advantages")
         it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
         if it.spotlight:
-            it.tau = self.rank_fidelity(k, it.selection, it.rewards)
-            self._record_plan_outcome(k, it.adv)
+            it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
+            self.exploration.record_plan_outcome(k, it.adv)
         if it.explores and self.config.exploration.window != "iteration":
-            it.plan, it.explore_futures = self._start_exploration(k)
+            it.plan, it.explore_futures = self.exploration.start_next(k)
 
     def _train(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
-        if self._done(k, "train"):
-            it.train_info = self._done(k, "train")["stats"]
+        if self.stage_done(k, "train"):
+            it.train_info = self.stage_done(k, "train")["stats"]
         else:
             self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
-            trained = self._submit(tasks.train_task, cfg, self.store, it.rollout_f,
+            trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f,
                                    tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
                                    resource=GPU, name="train")
-            saved = self._result(self._submit(tasks.checkpoint_task, cfg, self.store, trained, k,
+            saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k,
                                               k, resource=GPU, name="checkpoint"),
                                  f"iteration {k}'s training and checkpoint")
             del trained   # the weights leave the gpu worker's memory with the future
             self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
             it.train_info = saved["stats"]
             it.records += saved["records"]
-            self._mark(k, "train", {"stats": it.train_info, "task": saved["records"][0]})
+            self.mark(k, "train", {"stats": it.train_info, "task": saved["records"][0]})
         it.rollout_f = None
         it.train_end = time.time()
 
@@ -369,14 +241,14 @@ class Driver(ExplorationBook):
         """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
         may use the stale ranking: it is the unbiased sample of it."""
         k = it.k
-        it.audit_tau = self.finish_audit(k, it.audit) if it.audit else \
-            (self._done(k, "audit") or {}).get("kendall_tau")
+        it.audit_tau = self.exploration.finish_audit(k, it.audit) if it.audit else \
+            (self.stage_done(k, "audit") or {}).get("kendall_tau")
         if it.audit:
             it.records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
         if it.spotlight and it.audit_tau is not None:
-            decision = self.monitor.observe(k, it.audit_tau)
+            decision = self.exploration.observe(k, it.audit_tau)
             if decision.changed:
-                self._emit("fidelity", iteration=k, decision=decision)
+                self.emit("fidelity", iteration=k, decision=decision)
 
     def _select_next(self, it: "IterationState") -> None:
         if not it.explore_futures:
@@ -384,16 +256,16 @@ class Driver(ExplorationBook):
         k, plan = it.k, it.plan
         if not self.config.exploration.deadline or "train" in it.resumed:
             # No training window to hide in after a resume; deadline off = every request.
-            self.wait_all(it.explore_futures)
-        self._emit("stage_start", iteration=k, stage="select")
+            self.exploration.wait_all(it.explore_futures)
+        self.emit("stage_start", iteration=k, stage="select")
         it.planned = plan.prompts * plan.candidates
-        nxt = self.finish_exploration(k + 1, it.explore_futures, "explore", planned=it.planned,
-                                      select=self.monitor.state != "fallback")
+        nxt = self.exploration.finish(k + 1, it.explore_futures, "explore", planned=it.planned,
+                                      select=self.exploration.trusting)
         found = self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")
         it.explored = sum(len(row) for row in found["seeds"])
         it.filled = int(nxt.filled.sum()) if nxt is not None else 0
         it.records += found["tasks"]
-        it.preemptions += self._done(k + 1, "explore").get("preemptions", 0)
+        it.preemptions += self.stage_done(k + 1, "explore").get("preemptions", 0)
         if plan.budget_s is not None:
             ends = [t["end"] for t in it.records if t["stage"] == "explore"]
             it.overrun = bool(ends) and max(ends) > it.train_end
@@ -406,14 +278,15 @@ class Driver(ExplorationBook):
         self._track_workers()
         end = time.time()
         result = it.result(self.mode, end, self.ledger.cost(it.start, end, self.prices)["total"],
-                           self.ledger.total(end, self.prices)["total"], self.monitor.state)
+                           self.ledger.total(end, self.prices)["total"],
+                           self.exploration.monitor.state)
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": it.records, "train_end": it.train_end})
         self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
-                            {"planner": self.planner.to_dict(), "monitor": self.monitor.to_dict()})
+                            self.exploration.state())
         self.flush_events(f"iter-{k:06d}")
-        self._mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
-        self._emit("iteration_done", iteration=k, result=result)
+        self.mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
+        self.emit("iteration_done", iteration=k, result=result)
         return result
 
     def validate(self, version: int, records: list | None = None) -> float:
@@ -422,8 +295,8 @@ class Driver(ExplorationBook):
         record = self.store.stage_record(stage)
         if record is not None:
             return float(record["info"]["mean_reward"])
-        self._emit("stage_start", iteration=max(version - 1, 0), stage="validation")
-        out = self._result(self._submit(tasks.validation_task, self.config, self.store, version,
+        self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
+        out = self._result(self.submit(tasks.validation_task, self.config, self.store, version,
                                         self.val_prompts, version, resource=GPU,
                                         name="validation"), f"validation of weights {version}")
         self.last_validation = out
@@ -452,14 +325,14 @@ class Driver(ExplorationBook):
             for g, seed in enumerate(selection.seeds[p]):
                 add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
                     float(adv["values"][p, g]), 1.0, nan if tau is None else tau)
-        if self._done(k, "audit"):
+        if self.stage_done(k, "audit"):
             audit = self.store.get_json(tasks.stage_name(k, "audit"), "audit")
             for p, seeds, fresh in zip(audit["prompt_index"], audit["seeds"], audit["fresh"]):
                 for seed, reward in zip(seeds, fresh):
                     add(prompts[p].text, int(seed), "audit", float(reward), k, nan, nan,
                         nan if audit_tau is None else audit_tau)
         for stage in ("explore", "explore-sync"):
-            if self._done(k, stage):
+            if self.stage_done(k, stage):
                 found = self.store.get_json(tasks.stage_name(k, stage), "candidates")
                 version = k - 1 if stage == "explore" else k
                 chosen = [set(int(s) for s in row) for row in selection.seeds]

@@ -53,11 +53,11 @@ class Session:
         if config.injector.trace or config.injector.poisson_rate_per_hour > 0:
             self.injector = PreemptionInjector(
                 cluster, config.injector, config.cluster,
-                on_event=lambda kind, info: self.driver._emit(kind, **info)).start()
+                on_event=lambda kind, info: self.driver.emit(kind, **info)).start()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
-        self._warm_up = self.driver.warm_up()   # workers load weights while the driver plans
+        self.warm_up_futures = self.driver.warm_up()   # workers load weights while the driver plans
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod

@@ -188,7 +188,7 @@ def balance(config: RunConfig, url: str) -> dict:
     """Busy time per spot worker, pull vs push, with one spot worker at half speed."""
     cfg = config
     with Session.from_config(cfg, store=url) as session:
-        for f in session._warm_up:
+        for f in session.warm_up_futures:
             f.result()
         driver, out = session.driver, {}
         slow = sorted(session.cluster.workers_by_class()[SPOT])[-1]
@@ -197,9 +197,9 @@ def balance(config: RunConfig, url: str) -> dict:
             for k, how in enumerate(("pull", "push")):
                 driver.config = driver.config.with_values({"preemption.dispatch": how})
                 started = time.time()
-                work = driver.submit_exploration(k, 0, SPOT)
-                driver.wait_all(work)
-                outs, _, _ = driver.collect(work, "explore")
+                work = driver.exploration.submit(k, 0, SPOT)
+                driver.exploration.wait_all(work)
+                outs, _, _ = driver.exploration.collect(work, "explore")
                 ended = time.time()
                 busy: dict[str, float] = {}
                 count: dict[str, int] = {}

@@ -1,0 +1,385 @@
+"""Seed exploration of one run, as a collaborator of the driver: plan it, run it, select from
+it, and watch whether stale weights still rank seeds.
+
+The driver holds one :class:`Exploration` and calls it at fixed points of an iteration:
+``seeds_for(k)`` (the seeds to roll out), ``start_next(k)`` (plan and start exploring k+1 with
+θ_k on spot workers), ``submit_audit(k)`` / ``finish_audit(k)`` (stale against fresh ranking),
+``observe(k, tau)`` (the fallback decision), ``finish_next(k)`` (what exploration finished ->
+the seeds of k+1), and ``state()`` (what a resumed run restores). What it needs from the driver
+is the small :class:`RunContext` interface.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from pipelines import worker as tasks
+from pipelines.cluster import GPU, SPOT, Absence, ClusterHandle, task_error
+from pipelines.dispatch import RequestPool, RequestSpec
+from spotlight.config import RunConfig
+from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,
+                                            audit_picks, grouped_kendall_tau)
+from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_window_s
+from spotlight.models.prompts import Prompt
+from spotlight.rl.trainer import random_seeds
+from storage import RunStore
+from storage.manifest import stage_key
+
+
+class RunContext(Protocol):
+    """What exploration uses of the driver that holds it."""
+
+    config: RunConfig
+    store: RunStore
+    cluster: ClusterHandle
+    mode: str
+
+    def emit(self, kind: str, /, **info: Any) -> None: ...
+    def record_event(self, kind: str, info: dict) -> None: ...
+    def submit(self, fn: Callable, *args: Any, resource: str, name: str, **kwargs: Any): ...
+    def stage_done(self, iteration: int, stage: str) -> dict | None: ...
+    def mark(self, iteration: int, stage: str, info: dict | None = None) -> None: ...
+    def prompts(self, iteration: int) -> list[Prompt]: ...
+    def check_running(self) -> None: ...
+    def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
+
+
+def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
+    """The N candidate seeds of each prompt explored for ``iteration`` (deterministic)."""
+    return random_seeds(run_seed + 7919, iteration, prompts, candidates)
+
+
+class Exploration:
+    """Plans, runs and judges seed exploration; owns the planner and the fidelity monitor."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.planner, self.monitor = self._restored_planning()
+
+    @property
+    def config(self) -> RunConfig:
+        return self.run.config
+
+    @property
+    def trusting(self) -> bool:
+        """Whether the stale ranking is trusted (the fidelity monitor is not in fallback)."""
+        return self.monitor.state != "fallback"
+
+    def state(self) -> dict:
+        """Planner and monitor, as a resumed run restores them."""
+        return {"planner": self.planner.to_dict(), "monitor": self.monitor.to_dict()}
+
+    def _restored_planning(self) -> tuple[ExplorationPlanner, RankFidelityMonitor]:
+        """Planner and fidelity monitor as the last recorded iteration left them."""
+        cfg, store = self.config, self.run.store
+        stages = store.manifest.stages()   # one read, however long the run
+        k = 0
+        while stage_key(tasks.stage_name(k, "iteration")) in stages:
+            k += 1
+        if k == 0:
+            return ExplorationPlanner(cfg.planner, cfg.sampler), RankFidelityMonitor(cfg.fidelity)
+        record = stages[stage_key(tasks.stage_name(k - 1, "iteration"))]["info"]
+        # Runs recorded before the planning state left the manifest keep it in the record.
+        state = record if "planner" in record else \
+            store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
+        return (ExplorationPlanner.from_dict(cfg.planner, state["planner"], cfg.sampler),
+                RankFidelityMonitor.from_dict(cfg.fidelity, state["monitor"]))
+
+    # --- running requests -------------------------------------------------------------------
+    def explore_spec(self, request: tasks.ExploreRequest) -> RequestSpec:
+        """The dispatch entry of one exploration or audit request."""
+        return RequestSpec(request.name, tasks.explore_task,
+                           (self.config, self.run.store, request),
+                           tasks.stage_name(request.iteration, request.stage), request.name)
+
+    def dispatch(self, requests: list[RequestSpec], resource: str, stage: str):
+        """Start ``requests``: pulled by spot workers (a :class:`RequestPool`), or, on gpu
+        workers and with ``preemption.dispatch: push``, submitted at once as futures."""
+        run = self.run
+        if resource == SPOT and self.config.preemption.dispatch == "pull":
+            return RequestPool(run.cluster, requests, self.config.preemption, store=run.store,
+                               on_event=lambda kind, info: run.emit(kind, stage=stage, **info))
+        return [run.submit(spec.fn, *spec.args, resource=resource, name=stage)
+                for spec in requests]
+
+    def wait_all(self, work, what: str = "exploration", resource: str = SPOT) -> None:
+        """Wait for every request of ``work``; stops with the run (:meth:`Driver.stop`)."""
+        if not isinstance(work, RequestPool):
+            self.run.await_futures(work, what, resource)
+            return
+        # Spot requests wait for spot workers (the pool gives up after no_spot_wait_s); with
+        # no gpu worker left, though, the run cannot go on whatever spot does.
+        gpu = Absence(self.run.cluster, GPU, self.config.cluster.worker_wait_s, what)
+        while not work.wait(0.5):
+            try:
+                self.run.check_running()
+                gpu.check()
+            except BaseException:
+                work.close()
+                raise
+
+    def collect(self, work, stage: str) -> tuple[list[dict], int, dict | None]:
+        """Stop ``work``: the outputs of its finished requests (in request order), how many
+        were cancelled, and the dispatch log (pull dispatch only)."""
+        if isinstance(work, RequestPool):
+            return self._collect_pool(work, stage)
+        from distributed import Future
+
+        failed = [f for f in work if isinstance(f, Future) and f.status == "error"]
+        if failed:   # an exploration bug is an error, not an unfinished candidate
+            raise task_error(failed[0].exception(), f"{stage} request", GPU)
+        # One batched fetch: a .result() per future is a round trip each, on the critical path.
+        finished = self.run.cluster.client.gather([f for f in work if f.status == "finished"])
+        pending = [f for f in work if f.status != "finished"]
+        if pending:
+            self.run.cluster.client.cancel(pending)
+        return finished, len(pending), None
+
+    def _collect_pool(self, pool: RequestPool, stage: str) -> tuple[list[dict], int, dict]:
+        results = pool.close()
+        summary = pool.summary()
+        for move in pool.log:   # every assignment, loss, requeue and hand-back, timed
+            self.run.record_event("request", {"stage": stage, "what": move["kind"],
+                                              **{k: v for k, v in move.items() if k != "kind"}})
+        if summary["preemptions_hard"] or summary["preemptions_graceful"] or summary["gave_up"]:
+            self.run.emit("preemptions", stage=stage, summary=summary)
+        return ([results[name] for name in sorted(results)],
+                summary["requests"] - summary["finished"], {"summary": summary, "log": pool.log})
+
+    # --- exploring and selecting ----------------------------------------------------------------
+    def submit(self, iteration: int, version: int, resource: str, candidates: int | None = None,
+               steps: int | None = None, prompts_explored: int | None = None):
+        """Explore the (first ``prompts_explored``) prompts of ``iteration`` with weights
+        ``version``, one request per prompt and chunk of candidates."""
+        cfg, explore = self.config, self.config.exploration
+        candidates = candidates or explore.candidates
+        prompts = self.run.prompts(iteration)
+        if prompts_explored is not None:
+            prompts = prompts[:prompts_explored]
+        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
+        stage = "explore" if resource == SPOT else "explore-sync"
+        requests = [self.explore_spec(tasks.ExploreRequest(
+                        iteration, p, prompt, seeds[p, lo:lo + explore.request_batch], chunk,
+                        version, stage, steps))
+                    for p, prompt in enumerate(prompts)
+                    for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
+        return self.dispatch(requests, resource, stage)
+
+    def finish(self, iteration: int, work, stage: str, planned: int | None = None,
+               select: bool = True) -> Selection | None:
+        """Collect finished exploration requests and record them; select seeds for ``iteration``."""
+        finished, cancelled, dispatch = self.collect(work, stage)
+        prompts = self.run.prompts(iteration)
+        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
+        for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
+            per_prompt[out["prompt_index"]][0].extend(out["seeds"].tolist())
+            per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
+        self.run.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
+            "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
+            "tasks": [o["record"] for o in finished], "dispatch": dispatch})
+        summary = (dispatch or {}).get("summary", {})
+        planned = planned if planned is not None else \
+            len(prompts) * self.config.exploration.candidates
+        self.run.mark(iteration, stage, {
+            "explored": sum(len(s) for s, _ in per_prompt), "planned": planned,
+            "requests_finished": len(finished), "requests_cancelled": cancelled,
+            "preemptions": summary.get("preemptions_hard", 0) +
+            summary.get("preemptions_graceful", 0)})
+        return self._select(iteration, per_prompt, stage) if select else None
+
+    def _select(self, iteration: int, per_prompt: list[tuple[list, list]],
+                source: str) -> Selection:
+        grpo = self.config.grpo
+        fresh = random_seeds(self.config.seed, iteration, len(per_prompt), grpo.group_size)
+        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
+                                 grpo.group_size, fresh)
+        return self._record_selection(iteration, selection, source)
+
+    def _record_selection(self, iteration: int, selection: Selection, source: str) -> Selection:
+        """The seeds go to the run store and only their source to the manifest: every stage
+        record rewrites the whole manifest, so what grows with the run stays out of it."""
+        self.run.store.put_json(tasks.stage_name(iteration, "selection"), "selection",
+                                selection.to_record())
+        self.run.mark(iteration, "selection", {"source": source})
+        return selection
+
+    def stale_candidates(self, iteration: int) -> dict | None:
+        """The candidates explored for ``iteration`` with stale weights, or None."""
+        if self.run.stage_done(iteration, "explore") is None:
+            return None
+        return self.run.store.get_json(tasks.stage_name(iteration, "explore"), "candidates")
+
+    def seeds_for(self, iteration: int) -> Selection:
+        """The seeds of ``iteration``: recorded, explored synchronously now, or random.
+
+        In spotlight mode with the fidelity monitor in fallback, the stale candidates are kept
+        for measuring τ but the seeds come from the fallback (fresh exploration or random).
+        """
+        run, cfg = self.run, self.config
+        record = run.stage_done(iteration, "selection")
+        if record is not None:
+            return Selection.from_record(record.get("selection") or run.store.get_json(
+                tasks.stage_name(iteration, "selection"), "selection"))
+        fallback = run.mode == "spotlight" and not self.trusting
+        if run.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
+            return self._explore_now(iteration)
+        stale = self.stale_candidates(iteration) if run.mode == "spotlight" else None
+        if stale is not None and not fallback:   # explored, not yet selected (a resumed driver)
+            return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
+        group = cfg.grpo.group_size
+        if fallback and stale is not None:   # random fallback: the first G candidates are random
+            per_prompt = [(s[:group], r[:group]) for s, r in zip(stale["seeds"], stale["rewards"])]
+            return self._select(iteration, per_prompt, "fallback-random")
+        seeds = random_seeds(cfg.seed, iteration, cfg.grpo.prompts_per_iteration, group)
+        selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
+                              np.full(seeds.shape, np.nan))
+        return self._record_selection(iteration, selection, "random")
+
+    def _explore_now(self, iteration: int) -> Selection:
+        """Synchronous exploration with the current weights on gpu workers (sync, fallback)."""
+        self.run.emit("stage_start", iteration=iteration, stage="explore-sync")
+        candidates = self.config.exploration.candidates
+        work = self.submit(iteration, iteration, GPU, candidates)
+        self.wait_all(work, f"iteration {iteration}'s synchronous exploration", GPU)
+        return self.finish(iteration, work, "explore-sync",
+                           planned=len(self.run.prompts(iteration)) * candidates)
+
+    def start_next(self, k: int) -> tuple[Plan, Any]:
+        """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
+        plan = self.plan(k + 1)
+        if self.run.stage_done(k + 1, "explore") or not plan.candidates:
+            return plan, []
+        return plan, self.submit(k + 1, k, SPOT, plan.candidates, plan.steps, plan.prompts)
+
+    # --- planning -------------------------------------------------------------------------------
+    def plan(self, iteration: int) -> Plan:
+        """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
+        record = self.run.stage_done(iteration, "plan")
+        if record is not None:
+            return Plan(**record["plan"])
+        cfg = self.config
+        rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
+        prompts = len(self.run.prompts(iteration))
+        if cfg.planner.enabled:
+            slots = len(self.run.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
+            plan = self.planner.plan(iteration, prompts, cfg.grpo.group_size, slots,
+                                     self._window_history(iteration - 1),
+                                     self._seconds_per_sample_step(iteration - 1), rollout_steps)
+        else:
+            plan = Plan(iteration, cfg.exploration.candidates, rollout_steps, prompts, None, None,
+                        None, "fixed: planner off")
+            self.planner.events.append({"kind": "plan", **asdict(plan)})
+        self.run.mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
+        if cfg.planner.enabled:
+            self.run.emit("plan", iteration=iteration, plan=plan)
+        return plan
+
+    def _window_history(self, before: int, last: int | None = None) -> list[float]:
+        """Measured exploration windows of the ``last`` iterations before ``before`` (default:
+        the planner's ``train_time_window``); unmeasured ones (resumed stages) are left out."""
+        stages = self.run.store.manifest.stages()
+
+        def task(k: int, stage: str) -> dict | None:
+            record = stages.get(stage_key(tasks.stage_name(k, stage))) or {}
+            return record.get("info", {}).get("task")
+
+        out = []
+        for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
+            seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
+                                           self.config.exploration.window)
+            if seconds is not None:
+                out.append(seconds)
+        return out
+
+    def _seconds_per_sample_step(self, before: int) -> float | None:
+        """Measured spot-seconds per sample per denoising step, from the newest exploration."""
+        for k in range(before, max(0, before - 5), -1):
+            stale = self.stale_candidates(k)
+            if stale and stale["tasks"]:
+                work = sum(t.get("samples", 0) * t.get("steps", 0) for t in stale["tasks"])
+                busy = sum(t["end"] - t["start"] for t in stale["tasks"])
+                if work:
+                    return busy / work
+        return None
+
+    def record_plan_outcome(self, k: int, adv: dict) -> None:
+        """Pay the planner for the plan that explored iteration k: the spread GRPO saw."""
+        record, stale = self.run.stage_done(k, "plan"), self.stale_candidates(k)
+        if record is None or stale is None or not stale["tasks"]:
+            return
+        group = self.config.grpo.group_size
+        random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
+                                   or [0.0]))
+        actual = sum(t["end"] - t["start"] for t in stale["tasks"])
+        plan = Plan(**record["plan"])
+        window = self._window_history(k, last=1)   # iteration k-1's: it explored k
+        billed = window[0] * plan.slots if window and plan.slots else None
+        self.planner.record(plan, actual, float(np.mean(adv["group_std"])), random_std, billed)
+
+    # --- rank fidelity --------------------------------------------------------------------------
+    def rank_fidelity(self, k: int, selection: Selection, rewards: np.ndarray) -> float | None:
+        """Kendall τ between the stale exploration rewards (θ_k-1) of the seeds iteration k
+        rolled out and their rollout rewards (θ_k), within each prompt; None without data.
+        Reported only: selection keeps each prompt's extremes, which biases it upwards."""
+        stale = self.stale_candidates(k)
+        if stale is None:
+            return None
+        xs, ys = [], []
+        for p, row in enumerate(selection.seeds):
+            scored = dict(zip(stale["seeds"][p], stale["rewards"][p]))
+            pairs = [(scored[int(s)], rewards[p, g]) for g, s in enumerate(row) if int(s) in scored]
+            if len(pairs) >= 2:
+                xs.append([a for a, _ in pairs])
+                ys.append([b for _, b in pairs])
+        tau = grouped_kendall_tau(xs, ys) if xs else float("nan")
+        return None if np.isnan(tau) else float(tau)
+
+    def submit_audit(self, k: int):
+        """Re-score a random subset of iteration k's stale candidates with fresh weights θ_k."""
+        stale = self.stale_candidates(k)
+        fidelity = self.config.fidelity
+        if stale is None or not audit_due(k, fidelity.audit_every):
+            return []
+        picks = audit_picks(self.config.seed, k, [len(s) for s in stale["seeds"]],
+                            fidelity.audit_prompts, fidelity.audit_candidates)
+        prompts = self.run.prompts(k)
+        # The same replay steps as the stale exploration, so the audit isolates staleness.
+        plan = self.run.stage_done(k, "plan")
+        steps = plan["plan"]["steps"] if plan is not None else None
+        requests = [self.explore_spec(tasks.ExploreRequest(
+                        k, p, prompts[p], np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
+                        "audit", steps))
+                    for p, cs in picks]
+        return self.dispatch(requests, SPOT, "audit") if requests else []
+
+    def finish_audit(self, k: int, work) -> float | None:
+        """The audit's τ (recorded), or None when no spot worker ran it."""
+        if not work:
+            return None
+        self.wait_all(work)
+        outs, _, _ = self.collect(work, "audit")
+        if not outs:
+            return None   # no spot worker ran it (the pool said why)
+        stale = self.stale_candidates(k)
+        xs, ys = [], []
+        for out in outs:
+            scored = dict(zip(stale["seeds"][out["prompt_index"]],
+                              stale["rewards"][out["prompt_index"]]))
+            xs.append([scored[int(s)] for s in out["seeds"]])
+            ys.append(out["rewards"].tolist())
+        tau = grouped_kendall_tau(xs, ys)
+        tau = None if np.isnan(tau) else float(tau)
+        self.run.store.put_json(tasks.stage_name(k, "audit"), "audit", {
+            "seeds": [o["seeds"].tolist() for o in outs],
+            "prompt_index": [o["prompt_index"] for o in outs],
+            "stale": xs, "fresh": ys, "kendall_tau": tau, "tasks": [o["record"] for o in outs]})
+        self.run.mark(k, "audit", {"kendall_tau": tau})
+        return tau
+
+    def observe(self, k: int, audit_tau: float) -> FidelityDecision:
+        """Feed the monitor one audit τ: it decides whether the stale ranking is trusted."""
+        return self.monitor.observe(k, audit_tau)
