@@ -10,14 +10,14 @@ __version__ = "0.1.0"
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point ``spotlight``."""
-    from pipelines.cli import main as cli_main
+    from pipelines.front.cli import main as cli_main
 
     return cli_main(argv)
 
 
 def __getattr__(name: str):
     if name == "Session":
-        from pipelines.session import Session
+        from pipelines.front.session import Session
 
         return Session
     raise AttributeError(f"module 'spotlight' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pipelines.bench import machine, register_bench, write_result
-from pipelines.session import Session
+from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from pipelines.bench import machine, register_bench
-from pipelines.inprocess import InProcessRun
+from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config
 
 TASK_CONFIGS = {"ocr": "configs/digits.yaml", "geneval": "configs/digits-geneval.yaml"}

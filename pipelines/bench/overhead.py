@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines import worker as tasks
+from pipelines.run import tasks
 from pipelines.bench import machine, register_bench
-from pipelines.session import Session
-from pipelines.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
+from pipelines.front.session import Session
+from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import worker as tasks
+from pipelines.run import tasks
 from pipelines.bench import machine, register_bench
 from pipelines.cluster import SPOT
-from pipelines.session import Session
+from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.bench import machine, register_bench
-from pipelines.session import Session
+from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward

@@ -3,7 +3,7 @@
 Requests (exploration replays, audits) wait in one queue. A worker holds at most ``slots``
 requests and gets the next one only when a slot frees up, so a slow worker simply pulls fewer
 and a preemption strands at most the requests in flight. Nothing here knows Dask: the glue in
-``pipelines.dispatch`` turns scheduler observations into events and carries the actions out
+``pipelines.cluster.dispatch`` turns scheduler observations into events and carries the actions out
 (``Assign`` -> submit one attempt pinned to that worker, ``Cancel`` -> cancel it).
 
 A request moves QUEUED -> RUNNING -> DONE (or CANCELLED when the stage closes). A worker lost

@@ -113,7 +113,7 @@ def test_missing_base_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("scale", ["0", "-1", "nan", "fast"])
 def test_run_refuses_a_time_scale_that_is_not_positive(scale, capsys):
-    from pipelines.cli import main
+    from pipelines.front.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--preempt-trace", "x.csv", "--time-scale", scale])
@@ -123,7 +123,7 @@ def test_run_refuses_a_time_scale_that_is_not_positive(scale, capsys):
 
 
 def test_run_names_a_missing_preemption_trace(tmp_path, capsys):
-    from pipelines.cli import main
+    from pipelines.front.cli import main
 
     assert main(["run", "--preempt-trace", str(tmp_path / "nope.csv")]) == 2
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ import threading
 import pytest
 import yaml
 
-from pipelines.cli import main
+from pipelines.front.cli import main
 from tests.pipelines.conftest import TINY_RUN
 
 pytestmark = pytest.mark.timeout(120)   # "exits within two minutes"
@@ -94,7 +94,7 @@ def http_server():
 def test_a_scheduler_address_that_is_an_http_server_fails_in_time(workdir, http_server):
     """A real process, as a user runs it: no hang, one line, the cluster exit code, no store."""
     before = _files(workdir)
-    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", "--config", "tiny.yaml",
+    done = subprocess.run([sys.executable, "-m", "pipelines.front.cli", "run", "--config", "tiny.yaml",
                            "--scheduler", http_server, "--set", "cluster.connect_timeout_s=20"],
                           capture_output=True, text=True, timeout=110, cwd=workdir)
     assert done.returncode == 4, done.stderr

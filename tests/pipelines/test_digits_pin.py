@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines.session import Session
+from pipelines.front.session import Session
 from spotlight.config import PROJECT_ROOT, load_config
 from tests.pipelines.conftest import TINY_RUN
 

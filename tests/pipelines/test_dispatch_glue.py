@@ -1,4 +1,4 @@
-"""The Dask side of pull dispatch (``pipelines/dispatch.py``) on an in-process Dask cluster:
+"""The Dask side of pull dispatch (``pipelines/cluster/dispatch.py``) on an in-process Dask cluster:
 requests pulled by free slots only, results in, failures surfaced, cancel on close, starvation."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipelines.cluster import ClusterHandle, TaskFailedError
-from pipelines.dispatch import RequestPool, RequestSpec
+from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from spotlight.config import PreemptionConfig
 
 pytestmark = pytest.mark.timeout(120)

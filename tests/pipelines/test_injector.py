@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipelines.cluster import ClusterError, ClusterHandle
-from pipelines.injector import PreemptionInjector, SpotFleet, injection_trace
+from pipelines.cluster.injector import PreemptionInjector, SpotFleet, injection_trace
 from spotlight.config import ClusterConfig, InjectorConfig
 from spotlight.scheduling.traces import choose_victims
 

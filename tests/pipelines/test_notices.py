@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipelines.notices import (AwsNotice, AzureNotice, FileNotice, GcpNotice, NoticeSource,
+from pipelines.cluster.notices import (AwsNotice, AzureNotice, FileNotice, GcpNotice, NoticeSource,
                                build_sources, first_notice)
 from spotlight.scheduling.notice import AWS_URL, AZURE_URL, GCP_URL, VALID_SOURCES, Notice
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines import dispatch as dispatch_glue
-from pipelines import worker as tasks
-from pipelines.dispatch import RequestPool, RequestSpec
-from pipelines.injector import SpotFleet
-from pipelines.session import Session
+from pipelines.cluster import dispatch as dispatch_glue
+from pipelines.run import tasks
+from pipelines.cluster.dispatch import RequestPool, RequestSpec
+from pipelines.cluster.injector import SpotFleet
+from pipelines.front.session import Session
 from spotlight.config import load_config
 from storage import RunStore
 

@@ -16,7 +16,7 @@ import xarray as xr
 from spotlight.exploration.fidelity import grouped_kendall_tau
 
 from pipelines.cluster import ClusterError
-from pipelines.session import Session
+from pipelines.front.session import Session
 from spotlight.config import ConfigError, load_config
 from storage import RunStore
 

@@ -164,7 +164,7 @@ def test_ctrl_c_stops_the_run_and_resume_finishes_it(tiny_yaml, tmp_path):
 
 
 def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):
-    from pipelines.session import Session
+    from pipelines.front.session import Session
 
     seen: set[tuple[str, int]] = set()
     stop = threading.Event()
@@ -190,7 +190,7 @@ def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):
 
 
 def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(tiny_yaml, tmp_path):
-    from pipelines.cli import main
+    from pipelines.front.cli import main
 
     out = tmp_path / "stock.json"
     assert main(["bench", "stock-workers", "--quick", "--config", str(tiny_yaml),

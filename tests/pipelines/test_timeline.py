@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.timeline import (
+from pipelines.front.timeline import (
     merge_intervals,
     overlap_fraction,
     plot_timeline,

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pipelines.cluster import ClusterError
-from pipelines.session import Session
+from pipelines.front.session import Session
 
 pytestmark = pytest.mark.timeout(420)
 

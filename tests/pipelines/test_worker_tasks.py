@@ -1,4 +1,4 @@
-"""The worker's task functions (``pipelines/worker.py``) called in one process, as a worker would
+"""The worker's task functions (``pipelines/run/tasks.py``) called in one process, as a worker would
 run them: one iteration's chain, weights through the run store, resume, the per-process context."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines import worker as tasks
+from pipelines.run import tasks
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts
 from spotlight.rl.trainer import iteration_prompts, random_seeds

@@ -1,4 +1,4 @@
-"""pipelines.audit over a run built through the storage API."""
+"""pipelines.front.audit over a run built through the storage API."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.audit import audit_rows, audit_table, latent_heatmap, request_strip
+from pipelines.front.audit import audit_rows, audit_table, latent_heatmap, request_strip
 from storage import NotCommittedError, RunStore
 
 SHAPE = (6, 4)

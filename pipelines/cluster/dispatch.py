@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
-from pipelines.preemption import NOTICE_TOPIC
+from pipelines.cluster.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored,
                                            NoticeReceived, RequestDone, RequestPreempted,

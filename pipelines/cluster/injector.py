@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipelines.cluster import SPOT, ClusterError, ClusterHandle, _worker_spec
+from pipelines.cluster.connect import SPOT, ClusterError, ClusterHandle, worker_spec
 from spotlight.config import ClusterConfig, InjectorConfig
 from spotlight.scheduling.traces import (ReplayEvent, SpotTrace, choose_victims, initial_count,
                                          load_trace, poisson_trace, replay_schedule, scale_to_cap)
@@ -98,7 +98,7 @@ class SpotFleet:
                 self._next_name += 1
             name = f"spot-{self._next_name}"
             self._next_name += 1
-            cluster.worker_spec[name] = _worker_spec(name, SPOT, self.cluster_config)
+            cluster.worker_spec[name] = worker_spec(name, SPOT, self.cluster_config)
             names.append(name)
         self._reap()
         cluster.sync(cluster._correct_state)   # the way SpecCluster.scale starts new workers

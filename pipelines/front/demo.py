@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.console import ConsoleProgress
-from pipelines.report import image_grid, reward_curve
-from pipelines.session import Session
-from pipelines.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
+from pipelines.front.console import ConsoleProgress
+from pipelines.front.report import image_grid, reward_curve
+from pipelines.front.session import Session
+from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.preemption import StopAtStep, check_notice
+from pipelines.cluster.preemption import StopAtStep, check_notice
 from spotlight.config import RunConfig, config_hash
 from spotlight.models.base import Policy, build_policy
 from spotlight.models.prompts import Prompt
@@ -207,7 +207,7 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
     recomputed, so the trajectory equals an uninterrupted one bit for bit.
 
     With ``progress`` (a dict) the request is preemptible: after a notice it stops at the next
-    step boundary with :class:`~pipelines.preemption.StopAtStep`, once that step is committed;
+    step boundary with :class:`~pipelines.cluster.preemption.StopAtStep`, once that step is committed;
     ``progress`` says where it resumed from and when its first and last new steps were
     committed (``first_step``: the step committed at ``first_step_at``).
     """

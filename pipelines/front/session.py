@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.cluster import ClusterHandle, check_shape, open_cluster, register_worker_setup
-from pipelines.driver import Driver, EventFn, IterationResult, RunInterrupted
-from pipelines.injector import PreemptionInjector
-from pipelines.preemption import preemption_watch
-from pipelines.worker import stage_name
+from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
+from pipelines.cluster.injector import PreemptionInjector
+from pipelines.cluster.preemption import preemption_watch
+from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
 from spotlight.models.pretrain import load_base_policy, pretrain

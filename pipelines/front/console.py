@@ -52,7 +52,7 @@ def preemption_line(kind: str, info: dict) -> str | None:
 
 
 class ConsoleProgress:
-    """An ``on_event`` callback for :class:`pipelines.session.Session` that draws with tqdm."""
+    """An ``on_event`` callback for :class:`pipelines.front.session.Session` that draws with tqdm."""
 
     def __init__(self, stream=None, bars: bool = True) -> None:
         self.stream = stream or sys.stderr

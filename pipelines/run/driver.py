@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipelines import worker as tasks
+from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
-from pipelines.exploration import Exploration
-from pipelines.iteration import IterationResult, IterationState
+from pipelines.run.exploration import Exploration
+from pipelines.run.state import IterationResult, IterationState
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection

@@ -1,7 +1,7 @@
 """The spot worker's side of a preemption notice: hear it, hand requests back, retire.
 
 A :class:`PreemptionWatch` worker plugin listens on the configured notice sources (SIGTERM
-here; a file and the cloud metadata endpoints through :mod:`pipelines.notices`).
+here; a file and the cloud metadata endpoints through :mod:`pipelines.cluster.notices`).
 On the first notice it sets a process-wide flag that running requests check after every
 committed denoising step (:func:`check_notice`): the request stops there, its latents already
 committed, and returns a *preempted* result instead of failing -- so nothing counts as a task
@@ -17,7 +17,7 @@ import threading
 import time
 
 from spotlight.config import PreemptionConfig
-from pipelines.notices import build_sources, first_notice
+from pipelines.cluster.notices import build_sources, first_notice
 from spotlight.scheduling.notice import Notice
 
 NOTICE_TOPIC = "spotlight-preemption"

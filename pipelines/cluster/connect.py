@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pipelines.worker_setup import spotlight_worker_setup
+from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
 
 GPU, SPOT = "gpu", "spot"
@@ -150,7 +150,7 @@ def workers_by_class(workers: dict) -> dict[str, list[str]]:
     return out
 
 
-def _worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
+def worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
     from distributed import Nanny
 
     threads = str(config.threads_per_worker)
@@ -159,7 +159,7 @@ def _worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
     return {"cls": Nanny, "options": {
         "name": name, "host": LOOPBACK, "nthreads": config.threads_per_worker,
         "resources": {resource: 1}, "memory_limit": 0, "silence_logs": 40,
-        "preload": ["pipelines.worker_setup"],   # Ctrl-C is the driver's (see dask_setup)
+        "preload": ["pipelines.cluster.worker_setup"],   # Ctrl-C is the driver's (see dask_setup)
         "env": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}}}
 
 
@@ -167,7 +167,7 @@ def _worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
 # threshold: each large tensor is then mmap'd and unmapped again, and the page faults doubled
 # the time of a denoising step here (bench overhead: 2.3x -> see README). The embedded
 # cluster's nannies leave glibc's adaptive defaults alone; on stock workers the worker plugin
-# (pipelines.worker_setup) raises the thresholds back.
+# (pipelines.cluster.worker_setup) raises the thresholds back.
 MALLOC_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
@@ -197,8 +197,8 @@ def start_embedded(config: ClusterConfig) -> ClusterHandle:
     from distributed import Client, Scheduler, SpecCluster
 
     spot = config.spot_workers
-    workers = {f"gpu-{i}": _worker_spec(f"gpu-{i}", GPU, config) for i in range(config.gpu_workers)}
-    workers.update({f"spot-{i}": _worker_spec(f"spot-{i}", SPOT, config) for i in range(spot)})
+    workers = {f"gpu-{i}": worker_spec(f"gpu-{i}", GPU, config) for i in range(config.gpu_workers)}
+    workers.update({f"spot-{i}": worker_spec(f"spot-{i}", SPOT, config) for i in range(spot)})
     scheduler = {"cls": Scheduler, "options": {
         "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0"}}
     settings = {"distributed.worker.multiprocessing-method": "spawn",

@@ -43,7 +43,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.demo import run_demo
+    from pipelines.front.demo import run_demo
 
     config = _config(args)
     run_demo(config, iterations=args.iterations, report_dir=Path(args.report), store=args.store)
@@ -57,8 +57,8 @@ CHANGES_THE_RUN = ("config", "set", "mode", "store", "preempt_trace", "time_scal
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.console import ConsoleProgress
-    from pipelines.session import Session
+    from pipelines.front.console import ConsoleProgress
+    from pipelines.front.session import Session
 
     progress = ConsoleProgress()
     if args.resume:
@@ -156,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from pipelines.audit import audit_table, decoder_for_run, format_events, request_strip
+    from pipelines.front.audit import audit_table, decoder_for_run, format_events, request_strip
     from storage import RunStore, StorageConfig
 
     if (args.iteration is None) != (args.request is None):

@@ -16,9 +16,9 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from pipelines import worker as tasks
+from pipelines.run import tasks
 from pipelines.cluster import GPU, SPOT, Absence, ClusterHandle, task_error
-from pipelines.dispatch import RequestPool, RequestSpec
+from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from spotlight.config import RunConfig
 from spotlight.exploration import Selection, select_seeds
 from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,

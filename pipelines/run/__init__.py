@@ -1,0 +1,1 @@
+"""One RL iteration: the driver and its stages, the worker tasks, seed exploration."""
