@@ -1,0 +1,79 @@
+"""A crash right after any stage is recorded resumes at the next one, and the finished run equals
+one that never crashed: weights, every reward row, the seeds rolled out."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.front.session import Session
+from pipelines.run.driver import Driver
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+ITERATIONS = 2
+# One crash point per way a resumed iteration goes on: seeds recorded, exploration planned but
+# not run, rollout and reward recorded (the rollout is read back), weights committed (training
+# skipped), next seeds explored but not selected, the audit recorded mid-iteration.
+CRASH_AFTER = ["iter-0/selection", "iter-1/plan", "iter-0/reward", "iter-0/train",
+               "iter-1/explore", "iter-1/audit"]
+
+
+class Crash(Exception):
+    """Stands for the driver dying right after a stage was recorded."""
+
+
+def _fingerprint(store) -> dict:
+    weights = store.load_checkpoint(ITERATIONS).weights
+    rewards = store.open_rewards()
+    return {"weights": {k: v.clone() for k, v in weights.items()},
+            "reward": np.asarray(rewards["reward"].values), "seed": np.asarray(rewards["seed"].values),
+            "selection": [store.get_json(f"iter-{k}/selection", "selection")["seeds"]
+                          for k in range(ITERATIONS)]}
+
+
+@pytest.fixture(scope="module")
+def clean(tiny_run_config_module, tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("clean") / "run")
+    with Session.from_config(tiny_run_config_module, store=url) as session:
+        session.run(ITERATIONS)
+        return _fingerprint(session.store)
+
+
+@pytest.fixture(scope="module")
+def tiny_run_config_module(tmp_path_factory):
+    import yaml
+
+    from spotlight.config import load_config
+    from tests.pipelines.conftest import TINY_RUN
+
+    run = dict(TINY_RUN, fidelity={"audit_every": 1, "audit_prompts": 2, "audit_candidates": 3})
+    path = tmp_path_factory.mktemp("cfg") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(run))
+    return load_config(path)
+
+
+def test_a_crash_after_any_stage_resumes_to_the_same_run(clean, tiny_run_config_module, tmp_path,
+                                                          monkeypatch):
+    mark = Driver.mark
+    for n, stage in enumerate(CRASH_AFTER):
+        url = str(tmp_path / f"run-{n}")
+
+        def crashing_mark(self, iteration, name, info=None, _stage=stage):
+            mark(self, iteration, name, info)
+            if f"iter-{iteration}/{name}" == _stage:
+                raise Crash(_stage)
+
+        monkeypatch.setattr(Driver, "mark", crashing_mark)
+        with Session.from_config(tiny_run_config_module, store=url) as session:
+            with pytest.raises(Crash):
+                session.run(ITERATIONS)
+        monkeypatch.setattr(Driver, "mark", mark)
+        with Session.resume(url) as session:
+            assert session.store.stage_record(stage) is not None   # it was recorded, once
+            session.run(ITERATIONS - session.completed_iterations())
+            resumed = _fingerprint(session.store)
+        for name, tensor in clean["weights"].items():
+            assert torch.equal(tensor, resumed["weights"][name]), (stage, name)
+        np.testing.assert_array_equal(resumed["reward"], clean["reward"], err_msg=stage)
+        np.testing.assert_array_equal(resumed["seed"], clean["seed"], err_msg=stage)
+        assert resumed["selection"] == clean["selection"], stage
