@@ -1,10 +1,22 @@
 """Latent streams: the latent of every denoising step of every request, in Zarr v3.
 
-Layout of a stage ``iter-000012/rollout``::
+Layout of a stage ``iter-000012/rollout``; each request is a group that reads as one xarray
+Dataset::
 
-    iter-000012/rollout.zarr/latents/<request>/            array (num_steps + 1, *latent_shape)
-    iter-000012/rollout.zarr/latents/<request>/c/<t>/0/0   one chunk per step (crc32c-checked)
-    iter-000012/rollout.zarr/latents/<request>/commit.json the commit marker
+    iter-000012/rollout.zarr/latents/<request>/                 group (attrs: weights_version, ...)
+    iter-000012/rollout.zarr/latents/<request>/latent           (step, sample, token, channel)
+    iter-000012/rollout.zarr/latents/<request>/latent/c/<t>/... one chunk per step (crc32c)
+    iter-000012/rollout.zarr/latents/<request>/sigma, prompt, seed, weights_version  coordinates
+    iter-000012/rollout.commits/<request>.json                  the commit marker
+
+(The markers live outside the Zarr hierarchy, which holds only Zarr objects.)
+
+Coordinates are whatever the writer labels the request with (:class:`Labels`); Spotlight's
+sampler gives ``sigma`` per step and ``prompt`` and ``seed`` per sample. When a request's last
+step is committed its group's metadata is consolidated, so a finished request opens with plain
+xarray in one read::
+
+    xarray.open_zarr(RUN_URL + "/iter-000012/rollout.zarr/latents/batch")
 
 Step 0 is the initial noise, step t the latent after t denoising steps. A step is committed
 when the commit marker says so; the marker is written only after the chunk it covers, so a
@@ -18,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +39,14 @@ from .errors import CorruptObjectError, NotCommittedError, StorageError
 from .manifest import stage_key
 from .urls import RunLocation
 
-COMMIT = "commit.json"
+COMMITS = ".commits"     # suffix of the stage's marker folder, beside its ``.zarr``
+LATENT = "latent"        # the request group's data variable
+LAYOUT = 2               # 1: the request was a bare array (no coordinates); not resumable here
+
+# zarr says, on every consolidation, that consolidated metadata is not yet in the v3 spec. The
+# sink consolidates from its I/O threads, where ``warnings.catch_warnings`` (process-global
+# state) is not safe, so that one notice is silenced for good here.
+warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
 _REQUEST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -36,6 +56,14 @@ class ResumePoint(NamedTuple):
     step: int
     latent: np.ndarray
     weights_version: int
+
+
+class Labels(NamedTuple):
+    """Names for a request's latent dims (after ``step``) and its coordinates, each
+    ``name -> (dim, values)`` with ``dim`` one of ``step`` or the latent dims."""
+
+    dims: tuple[str, ...]
+    coords: dict[str, tuple[str, Any]]
 
 
 def request_key(request: str | int) -> str:
@@ -68,8 +96,12 @@ class LatentStreams:
             return self.location.child_url(stage_store_path(stage))
         return self.location.child_url(*self._parts(stage, request))
 
+    @staticmethod
+    def _commit_parts(stage: str, request: str) -> tuple[str, ...]:
+        return (stage_key(stage) + COMMITS, request_key(request) + ".json")
+
     def _chunk_parts(self, stage: str, request: str, step: int, ndim: int) -> tuple[str, ...]:
-        return self._parts(stage, request, "c", str(step), *["0"] * ndim)
+        return self._parts(stage, request, LATENT, "c", str(step), *["0"] * ndim)
 
     def store(self, stage: str, read_only: bool = False) -> Any:
         return self.location.zarr_store(stage_store_path(stage), read_only=read_only)
@@ -82,7 +114,7 @@ class LatentStreams:
 
     def commit_record(self, stage: str, request: str | int) -> dict | None:
         """The commit marker of a request (None if nothing is committed)."""
-        parts = self._parts(stage, request, COMMIT)
+        parts = self._commit_parts(stage, request)
         try:
             data = self.location.read_bytes(*parts, small=True)
         except FileNotFoundError:
@@ -103,16 +135,29 @@ class LatentStreams:
     def _open_array(self, stage: str, request: str) -> Any:
         import zarr
 
-        path = "/".join(self._parts(stage, request)[1:])
+        path = "/".join(self._parts(stage, request, LATENT)[1:])
         url = self.url(stage, request)
 
         def open_() -> Any:
             try:
                 return zarr.open_array(self.store(stage, read_only=True), path=path, mode="r")
             except (FileNotFoundError, KeyError) as exc:
+                self._refuse_old_layout(stage, request)
                 raise CorruptObjectError(url, "committed but its Zarr array is missing") from exc
 
-        return self.location.retry(open_, "open", *self._parts(stage, request))
+        return self.location.retry(open_, "open", *self._parts(stage, request, LATENT))
+
+    def _refuse_old_layout(self, stage: str, request: str) -> None:
+        """A request written as a bare array (layout 1) is an older Spotlight's: say so."""
+        try:
+            node = json.loads(self.location.read_bytes(*self._parts(stage, request, "zarr.json"),
+                                                       small=True))
+        except (FileNotFoundError, ValueError):
+            return
+        if node.get("node_type") == "array":
+            raise StorageError(f"{self.url(stage, request)} was written by an older Spotlight "
+                               "(latent layout 1, one bare array per request); resume this run "
+                               "with that version, or start a new run URL")
 
     def read_steps(self, stage: str, request: str | int, start: int, stop: int,
                    record: dict | None = None) -> np.ndarray:
@@ -135,7 +180,7 @@ class LatentStreams:
                                          f"chunk of committed step {step} is missing")
         try:  # one call: zarr fetches the chunks concurrently
             return self.location.retry(lambda: arr[start:stop], "read",
-                                       *self._parts(stage, request))
+                                       *self._parts(stage, request, LATENT))
         except StorageError:
             raise
         except Exception:  # noqa: BLE001 - find and name the chunk that fails
@@ -153,7 +198,7 @@ class LatentStreams:
 
     def _chunk_keys(self, stage: str, request: str | int) -> set[str]:
         """Chunk keys (``c/<t>/0/0``) present for a request, from one recursive listing."""
-        base = self.location.path(*self._parts(stage, request))
+        base = self.location.path(*self._parts(stage, request, LATENT))
         fs = self.location.fs
 
         def find() -> list[str]:
@@ -162,7 +207,7 @@ class LatentStreams:
             except FileNotFoundError:
                 return []
 
-        paths = self.location.retry(find, "list", *self._parts(stage, request, "c"))
+        paths = self.location.retry(find, "list", *self._parts(stage, request, LATENT, "c"))
         prefix = fs._strip_protocol(base).rstrip("/") + "/"
         return {fs._strip_protocol(p)[len(prefix):] for p in paths}
 
@@ -184,33 +229,36 @@ class LatentStreams:
 
     # -- writing (called from the sink's thread) ----------------------------------------------
     def open_for_write(self, stage: str, request: str, *, num_steps: int, shape: tuple,
-                       dtype: np.dtype, weights_version: int, fresh: bool = False) -> Any:
-        """The request's array, created on first use; checked against an existing one.
+                       dtype: np.dtype, weights_version: int, fresh: bool = False,
+                       labels: Labels | None = None) -> Any:
+        """The request's latent array, created on first use; checked against an existing one.
 
         ``fresh``: the caller has seen that nothing of the request is committed and has run
-        :meth:`prepare_stage`. Then the array's metadata is written in one PUT, without
-        zarr's existence checks and parent-group writes (about twenty S3 round trips per
-        request); an uncommitted array left by an earlier attempt is simply replaced.
+        :meth:`prepare_stage`. Then the group's and the array's metadata are written as single
+        PUTs, without zarr's existence checks and parent-group writes (about twenty S3 round
+        trips per request); an uncommitted request left by an earlier attempt is replaced.
+        ``labels`` name the latent's dims and give its coordinates (written when it is new).
         """
         import zarr
         from zarr.errors import ContainsArrayError
 
-        path = "/".join(self._parts(stage, request)[1:])
+        path = "/".join(self._parts(stage, request, LATENT)[1:])
         url = self.url(stage, request)
         store = self.store(stage)
         spec = _array_spec(stage, request, num_steps, tuple(shape), np.dtype(dtype),
-                           weights_version)
+                           weights_version, labels)
 
         def create() -> Any:
             self._ensure_groups(store)
+            self._refuse_old_layout(stage, request)
             try:
                 return zarr.create_array(store, name=path, **spec)
             except ContainsArrayError:
                 return zarr.open_array(store, path=path, mode="r+")
 
         if fresh:
-            return self._create_fresh(stage, request, store, path, spec)
-        arr = self.location.retry(create, "create", *self._parts(stage, request))
+            return self._create_fresh(stage, request, store, path, spec, labels)
+        arr = self.location.retry(create, "create", *self._parts(stage, request, LATENT))
         want = (num_steps + 1, *shape)
         if arr.shape != want or arr.dtype != dtype:
             raise StorageError(f"{url} exists with shape {arr.shape} {arr.dtype}, but this stream "
@@ -221,20 +269,38 @@ class LatentStreams:
                                "request must use the weights it started with (see resume_point)")
         return arr
 
-    def _create_fresh(self, stage: str, request: str, store: Any, path: str, spec: dict) -> Any:
-        """Write a new array's ``zarr.json`` in one request and return the array, unread."""
+    def _create_fresh(self, stage: str, request: str, store: Any, path: str, spec: dict,
+                      labels: Labels | None) -> Any:
+        """Write a new request's coordinates, group and array metadata; return the array."""
         import zarr
         from zarr.core.array import AsyncArray
         from zarr.core.buffer import default_buffer_prototype
         from zarr.storage import StorePath
 
+        group = "/".join(self._parts(stage, request)[1:])
+        if labels is not None:
+            self.location.retry(lambda: _write_coords(store, group, labels), "write coordinates of",
+                                *self._parts(stage, request))
+        self.location.write_bytes(_group_document(spec["attributes"]),
+                                  *self._parts(stage, request, "zarr.json"), durable=False)
         # zarr builds (and validates) the metadata in memory; only its document travels.
         template = zarr.create_array(zarr.storage.MemoryStore(), name=path, **spec)
         metadata = template.metadata
         document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
-        self.location.write_bytes(document, *self._parts(stage, request, "zarr.json"),
+        self.location.write_bytes(document, *self._parts(stage, request, LATENT, "zarr.json"),
                                   durable=False)
         return zarr.Array(AsyncArray(metadata, StorePath(store, path), config=spec["config"]))
+
+    def seal(self, stage: str, request: str | int) -> None:
+        """Consolidate a finished request's metadata: xarray then opens it with one read."""
+        import zarr
+
+        group = "/".join(self._parts(stage, request)[1:])
+
+        def consolidate() -> None:
+            zarr.consolidate_metadata(self.store(stage), path=group)
+
+        self.location.retry(consolidate, "consolidate", *self._parts(stage, request))
 
     @staticmethod
     def _ensure_groups(store: Any) -> None:
@@ -269,21 +335,46 @@ class LatentStreams:
         data = json.dumps(record, sort_keys=True).encode("utf-8")
         # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a killed
         # (preempted) process, which is the failure this marker guards against.
-        self.location.write_bytes(data, *self._parts(stage, request, COMMIT), durable=False)
+        self.location.write_bytes(data, *self._commit_parts(stage, request), durable=False)
 
 
 def _array_spec(stage: str, request: str, num_steps: int, shape: tuple, dtype: np.dtype,
-                weights_version: int) -> dict:
+                weights_version: int, labels: Labels | None = None) -> dict:
     """``zarr.create_array`` arguments of a request's latent array: one chunk per step."""
     from zarr.codecs import BytesCodec, Crc32cCodec
 
-    dims = ("step", "token", "channel") if len(shape) == 2 else \
+    if labels is not None and len(labels.dims) != len(shape):
+        raise ValueError(f"request {request!r}: labels name {len(labels.dims)} dims "
+                         f"{labels.dims}, but its latent has {len(shape)} {shape}")
+    dims = ("step", *labels.dims) if labels is not None else \
+        ("step", "token", "channel") if len(shape) == 2 else \
         ("step", *[f"axis_{i}" for i in range(1, len(shape) + 1)])
+    attributes = {"request": request, "stage": stage_key(stage), "num_steps": num_steps,
+                  "weights_version": weights_version, "layout": LAYOUT}
+    if labels is not None and labels.coords:
+        attributes["coordinates"] = " ".join(sorted(labels.coords))   # xarray: these are coords
     return dict(shape=(num_steps + 1, *shape), chunks=(1, *shape), dtype=dtype,
                 fill_value=np.nan if dtype.kind == "f" else 0,
                 serializer=BytesCodec(), compressors=[Crc32cCodec()],
                 chunk_key_encoding={"name": "default", "separator": "/"},
-                dimension_names=dims,
-                attributes={"request": request, "stage": stage_key(stage),
-                            "num_steps": num_steps, "weights_version": weights_version},
+                dimension_names=dims, attributes=attributes,
                 config={"write_empty_chunks": True})  # an all-zero step is still written
+
+
+def _group_document(attributes: dict) -> bytes:
+    """A request group's ``zarr.json`` (Zarr v3 group metadata), written in one PUT."""
+    attrs = {k: v for k, v in attributes.items() if k != "coordinates"}
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attrs}).encode()
+
+
+def _write_coords(store: Any, group: str, labels: Labels) -> None:
+    """One small array per coordinate, with its dim named (strings as variable-length UTF-8)."""
+    import zarr
+
+    for name, (dim, values) in labels.coords.items():
+        values = np.asarray(values)
+        text = values.dtype.kind in "USO"
+        arr = zarr.create_array(store, name=f"{group}/{name}", shape=values.shape,
+                                dtype=str if text else values.dtype,
+                                dimension_names=(dim,) if values.ndim else (), overwrite=True)
+        arr[...] = values.astype(object) if text else values

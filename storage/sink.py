@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import CorruptObjectError, SinkClosedError, StorageError
-from .latents import LatentStreams, request_key
+from .latents import Labels, LatentStreams, request_key
 from .manifest import stage_key
 
 _STOP = object()
@@ -39,6 +39,7 @@ class _Item(NamedTuple):
     latent: np.ndarray
     num_steps: int
     weights_version: int
+    labels: Labels | None = None
 
 
 class _Stream:
@@ -76,10 +77,13 @@ class LatentSink:
 
     # -- caller side --------------------------------------------------------------------------
     def commit(self, request: str | int, step: int, latent: Any, *, num_steps: int,
-               weights_version: int, stage: str | None = None) -> None:
+               weights_version: int, stage: str | None = None,
+               labels: Labels | None = None) -> None:
         """Queue the latent of ``step`` (0 = initial noise) of ``request`` and return (blocks
         only while the queue is full). A request's steps must come in order without gaps,
-        starting at 0 or right after its committed step (see ``resume_point``)."""
+        starting at 0 or right after its committed step (see ``resume_point``). ``labels``
+        (dim names, coordinates) are written with a new request's first step; once its last
+        step is committed, the request is sealed (:meth:`LatentStreams.seal`)."""
         self._raise_if_failed()
         if self._closed:
             raise SinkClosedError("commit() on a closed LatentSink; open a new sink")
@@ -105,7 +109,7 @@ class LatentSink:
         with self._cond:
             self._pending += 1
         self._queue.put(_Item(stage, request, int(step), latent, int(num_steps),
-                              int(weights_version)))
+                              int(weights_version), labels))
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every queued latent is committed; re-raise a background error."""
@@ -245,6 +249,8 @@ class LatentSink:
             record["step"], record["updated_at"] = item.step, time.time()
         self._parallel(due, lambda it: self.streams.write_commit(
             it.stage, it.request, self._streams[(it.stage, it.request)].record))
+        self._parallel([it for it in due if it.step >= it.num_steps],
+                       lambda it: self.streams.seal(it.stage, it.request))
         for item in due:
             del self._uncovered[(item.stage, item.request)]
 
@@ -273,7 +279,8 @@ class LatentSink:
                 f"{last}; resume from resume_point() (step {last}) and commit step {last + 1}")
         arr = self.streams.open_for_write(
             item.stage, item.request, num_steps=item.num_steps, shape=item.latent.shape,
-            dtype=item.latent.dtype, weights_version=item.weights_version, fresh=record is None)
+            dtype=item.latent.dtype, weights_version=item.weights_version, fresh=record is None,
+            labels=item.labels)
         resumes = list(record.get("resumes", [])) if record else []
         if last >= 0:
             resumes.append(last)  # picked up after an interruption: record where

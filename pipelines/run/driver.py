@@ -24,6 +24,9 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration
+from pipelines.run.stage_log import StageLog
+from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
+                                  ValidationResult)
 from pipelines.run.state import IterationResult, IterationState
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
@@ -50,6 +53,7 @@ class Driver:
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.on_event = on_event or (lambda kind, info: None)
         self.prices = _prices(config)
+        self.log = StageLog(store, on_record=self._stage_recorded)   # what is done, typed
         self.ledger = self._restored_ledger()
         self._attempt = uuid.uuid4().hex[:6]
         self._events: list[dict] = []       # operator events not yet in the run store
@@ -81,14 +85,13 @@ class Driver:
 
     def _restored_ledger(self) -> CostLedger:
         """The ledger of the last recorded iteration; its workers count as gone since then."""
-        k, last = 0, None
-        while (record := self.stage_done(k, "iteration")) is not None:
-            last, k = record, k + 1
-        if last is None:
+        k = self.log.completed_iterations()
+        if k == 0:
             return CostLedger()
-        ledger = CostLedger.from_dict(last["ledger"])
+        last = self.log.get(k - 1, "iteration")
+        ledger = CostLedger.from_dict(last.ledger)
         for name in ledger.alive_workers():
-            ledger.worker_left(name, last["result"]["end"])
+            ledger.worker_left(name, last.result["end"])
         return ledger
 
     def warm_up(self) -> list:
@@ -137,14 +140,9 @@ class Driver:
             if name not in seen:
                 self.ledger.worker_left(name, now)
 
-    def stage_done(self, iteration: int, stage: str) -> dict | None:
-        """The info of a completed stage, or None."""
-        record = self.store.stage_record(tasks.stage_name(iteration, stage))
-        return None if record is None else record["info"]
-
-    def mark(self, iteration: int, stage: str, info: dict | None = None) -> None:
-        self.store.mark_stage_done(tasks.stage_name(iteration, stage), info or {})
-        self.emit("stage_done", iteration=iteration, stage=stage)
+    def _stage_recorded(self, iteration: int | None, stage: str) -> None:
+        if iteration is not None:
+            self.emit("stage_done", iteration=iteration, stage=stage)
 
     def prompts(self, iteration: int) -> list[Prompt]:
         return iteration_prompts(self.train_prompts, iteration,
@@ -153,10 +151,11 @@ class Driver:
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
         """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
-        done = self.stage_done(k, "iteration")
+        done = self.log.get(k, "iteration")
         if done is not None:
-            return IterationResult(**done["result"])
+            return IterationResult(**done.result)
         self.check_running()
+        self.log.refresh()                  # one manifest read per iteration (none as writer)
         self._track_workers()
         it = self._begin(k, explore_next)   # seeds; audit and early exploration on spot
         self._rollout_and_reward(it)
@@ -168,14 +167,14 @@ class Driver:
         return self._finish(it)
 
     def _begin(self, k: int, explore_next: bool) -> "IterationState":
-        resumed = [s for s in ("rollout", "reward", "train") if self.stage_done(k, s)]
+        resumed = [s for s in ("rollout", "reward", "train") if self.log.done(k, s)]
         it = IterationState(k=k, start=time.time(), prompts=self.prompts(k), resumed=resumed,
                             spotlight=self.mode == "spotlight",
                             explores=explore_next and self.mode == "spotlight")
         it.selection = self.exploration.seeds_for(k)
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        audit_done = self.stage_done(k, "audit") is not None
+        audit_done = self.log.done(k, "audit")
         it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
         if it.explores and self.config.exploration.window == "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
@@ -184,7 +183,7 @@ class Driver:
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
-        if self.stage_done(k, "rollout"):
+        if self.log.done(k, "rollout"):   # read back into a gpu worker, never recomputed
             it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
                                         name="load-rollout")
         else:
@@ -192,16 +191,22 @@ class Driver:
                 tasks.rollout_task, cfg, self.store,
                 tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k), resource=GPU,
                 name="rollout")
-        if self.stage_done(k, "reward"):
+        _, resumed = self.log.once(k, "reward", lambda: self._reward(it))
+        if resumed:
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
-            return
+
+    def _reward(self, it: "IterationState") -> RewardResult:
+        """Score the rollout (and record the rollout, whose data is in the store by then)."""
+        cfg, k = self.config, it.k
         out = self._result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
                                         it.prompts, cfg.grpo.group_size, k, resource=GPU,
                                         name="reward"), f"iteration {k}'s rollout and reward")
         it.rewards = out["rewards"]
         it.records += out["records"] + [out["record"]]
-        self.mark(k, "rollout", {"task": out["records"][0] if out["records"] else None})
-        self.mark(k, "reward", {"task": out["record"], "mean": float(it.rewards.mean())})
+        if not self.log.done(k, "rollout"):
+            self.log.record(k, "rollout", RolloutResult(out["records"][0] if out["records"]
+                                                        else None))
+        return RewardResult(mean=float(it.rewards.mean()), task=out["record"])
 
     def _advantages(self, it: "IterationState") -> None:
         k = it.k
@@ -218,31 +223,32 @@ class Driver:
             it.plan, it.explore_futures = self.exploration.start_next(k)
 
     def _train(self, it: "IterationState") -> None:
-        cfg, k = self.config, it.k
-        if self.stage_done(k, "train"):
-            it.train_info = self.stage_done(k, "train")["stats"]
-        else:
-            self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
-            trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f,
-                                   tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
-                                   resource=GPU, name="train")
-            saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k,
-                                              k, resource=GPU, name="checkpoint"),
-                                 f"iteration {k}'s training and checkpoint")
-            del trained   # the weights leave the gpu worker's memory with the future
-            self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
-            it.train_info = saved["stats"]
-            it.records += saved["records"]
-            self.mark(k, "train", {"stats": it.train_info, "task": saved["records"][0]})
+        train, _ = self.log.once(it.k, "train", lambda: self._train_now(it))
+        it.train_info = train.stats
         it.rollout_f = None
         it.train_end = time.time()
+
+    def _train_now(self, it: "IterationState") -> TrainResult:
+        cfg, k = self.config, it.k
+        self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
+        trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f,
+                              tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
+                              resource=GPU, name="train")
+        saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
+                                         resource=GPU, name="checkpoint"),
+                             f"iteration {k}'s training and checkpoint")
+        del trained   # the weights leave the gpu worker's memory with the future
+        self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
+        it.records += saved["records"]
+        return TrainResult(stats=saved["stats"], task=saved["records"][0])
 
     def _watch_fidelity(self, it: "IterationState") -> None:
         """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
         may use the stale ranking: it is the unbiased sample of it."""
         k = it.k
+        recorded = self.log.get(k, "audit")
         it.audit_tau = self.exploration.finish_audit(k, it.audit) if it.audit else \
-            (self.stage_done(k, "audit") or {}).get("kendall_tau")
+            (recorded.kendall_tau if recorded is not None else None)
         if it.audit:
             it.records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
         if it.spotlight and it.audit_tau is not None:
@@ -265,7 +271,7 @@ class Driver:
         it.explored = sum(len(row) for row in found["seeds"])
         it.filled = int(nxt.filled.sum()) if nxt is not None else 0
         it.records += found["tasks"]
-        it.preemptions += self.stage_done(k + 1, "explore").get("preemptions", 0)
+        it.preemptions += self.log.get(k + 1, "explore").preemptions
         if plan.budget_s is not None:
             ends = [t["end"] for t in it.records if t["stage"] == "explore"]
             it.overrun = bool(ends) and max(ends) > it.train_end
@@ -285,16 +291,18 @@ class Driver:
         self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
                             self.exploration.state())
         self.flush_events(f"iter-{k:06d}")
-        self.mark(k, "iteration", {"result": result.to_record(), "ledger": self.ledger.to_dict()})
+        self.log.record(k, "iteration", IterationRecord(result.to_record(), self.ledger.to_dict()))
         self.emit("iteration_done", iteration=k, result=result)
         return result
 
     def validate(self, version: int, records: list | None = None) -> float:
         """Validate θ_version on the held-out prompts (recorded; never recomputed)."""
-        stage = "base-validation" if version == 0 else tasks.stage_name(version - 1, "validation")
-        record = self.store.stage_record(stage)
-        if record is not None:
-            return float(record["info"]["mean_reward"])
+        iteration, stage = (None, "base-validation") if version == 0 else \
+            (version - 1, "validation")
+        result, _ = self.log.once(iteration, stage, lambda: self._validate_now(version, records))
+        return float(result.mean_reward)
+
+    def _validate_now(self, version: int, records: list | None) -> ValidationResult:
         self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
         out = self._result(self.submit(tasks.validation_task, self.config, self.store, version,
                                         self.val_prompts, version, resource=GPU,
@@ -303,9 +311,7 @@ class Driver:
         self.first_validation = self.first_validation or out
         if records is not None:
             records.append(out["record"])
-        self.store.mark_stage_done(stage, {"mean_reward": out["mean_reward"], "version": version,
-                                           "task": out["record"]})
-        return float(out["mean_reward"])
+        return ValidationResult(float(out["mean_reward"]), version, out["record"])
 
     def _append_rewards(self, k: int, prompts: list[Prompt], selection: Selection,
                         rewards: np.ndarray, adv: dict, tau: float | None,
@@ -325,14 +331,14 @@ class Driver:
             for g, seed in enumerate(selection.seeds[p]):
                 add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
                     float(adv["values"][p, g]), 1.0, nan if tau is None else tau)
-        if self.stage_done(k, "audit"):
+        if self.log.done(k, "audit"):
             audit = self.store.get_json(tasks.stage_name(k, "audit"), "audit")
             for p, seeds, fresh in zip(audit["prompt_index"], audit["seeds"], audit["fresh"]):
                 for seed, reward in zip(seeds, fresh):
                     add(prompts[p].text, int(seed), "audit", float(reward), k, nan, nan,
                         nan if audit_tau is None else audit_tau)
         for stage in ("explore", "explore-sync"):
-            if self.stage_done(k, stage):
+            if self.log.done(k, stage):
                 found = self.store.get_json(tasks.stage_name(k, stage), "candidates")
                 version = k - 1 if stage == "explore" else k
                 chosen = [set(int(s) for s in row) for row in selection.seeds]

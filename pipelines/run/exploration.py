@@ -19,6 +19,8 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, SPOT, Absence, ClusterHandle, task_error
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
+from pipelines.run.stage_log import StageLog
+from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
 from spotlight.exploration import Selection, select_seeds
 from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,
@@ -27,7 +29,6 @@ from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import random_seeds
 from storage import RunStore
-from storage.manifest import stage_key
 
 
 class RunContext(Protocol):
@@ -37,12 +38,11 @@ class RunContext(Protocol):
     store: RunStore
     cluster: ClusterHandle
     mode: str
+    log: StageLog
 
     def emit(self, kind: str, /, **info: Any) -> None: ...
     def record_event(self, kind: str, info: dict) -> None: ...
     def submit(self, fn: Callable, *args: Any, resource: str, name: str, **kwargs: Any): ...
-    def stage_done(self, iteration: int, stage: str) -> dict | None: ...
-    def mark(self, iteration: int, stage: str, info: dict | None = None) -> None: ...
     def prompts(self, iteration: int) -> list[Prompt]: ...
     def check_running(self) -> None: ...
     def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
@@ -75,17 +75,15 @@ class Exploration:
 
     def _restored_planning(self) -> tuple[ExplorationPlanner, RankFidelityMonitor]:
         """Planner and fidelity monitor as the last recorded iteration left them."""
-        cfg, store = self.config, self.run.store
-        stages = store.manifest.stages()   # one read, however long the run
-        k = 0
-        while stage_key(tasks.stage_name(k, "iteration")) in stages:
-            k += 1
+        cfg, log = self.config, self.run.log
+        k = log.completed_iterations()
         if k == 0:
             return ExplorationPlanner(cfg.planner, cfg.sampler), RankFidelityMonitor(cfg.fidelity)
-        record = stages[stage_key(tasks.stage_name(k - 1, "iteration"))]["info"]
+        record = log.get(k - 1, "iteration")
         # Runs recorded before the planning state left the manifest keep it in the record.
-        state = record if "planner" in record else \
-            store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
+        state = {"planner": record.planner, "monitor": record.monitor} \
+            if record.planner is not None else \
+            self.run.store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
         return (ExplorationPlanner.from_dict(cfg.planner, state["planner"], cfg.sampler),
                 RankFidelityMonitor.from_dict(cfg.fidelity, state["monitor"]))
 
@@ -184,11 +182,11 @@ class Exploration:
         summary = (dispatch or {}).get("summary", {})
         planned = planned if planned is not None else \
             len(prompts) * self.config.exploration.candidates
-        self.run.mark(iteration, stage, {
-            "explored": sum(len(s) for s, _ in per_prompt), "planned": planned,
-            "requests_finished": len(finished), "requests_cancelled": cancelled,
-            "preemptions": summary.get("preemptions_hard", 0) +
-            summary.get("preemptions_graceful", 0)})
+        self.run.log.record(iteration, stage, ExploreResult(
+            explored=sum(len(s) for s, _ in per_prompt), planned=planned,
+            requests_finished=len(finished), requests_cancelled=cancelled,
+            preemptions=summary.get("preemptions_hard", 0) +
+            summary.get("preemptions_graceful", 0)))
         return self._select(iteration, per_prompt, stage) if select else None
 
     def _select(self, iteration: int, per_prompt: list[tuple[list, list]],
@@ -204,12 +202,12 @@ class Exploration:
         record rewrites the whole manifest, so what grows with the run stays out of it."""
         self.run.store.put_json(tasks.stage_name(iteration, "selection"), "selection",
                                 selection.to_record())
-        self.run.mark(iteration, "selection", {"source": source})
+        self.run.log.record(iteration, "selection", SelectionResult(source))
         return selection
 
     def stale_candidates(self, iteration: int) -> dict | None:
         """The candidates explored for ``iteration`` with stale weights, or None."""
-        if self.run.stage_done(iteration, "explore") is None:
+        if not self.run.log.done(iteration, "explore"):
             return None
         return self.run.store.get_json(tasks.stage_name(iteration, "explore"), "candidates")
 
@@ -220,9 +218,9 @@ class Exploration:
         for measuring τ but the seeds come from the fallback (fresh exploration or random).
         """
         run, cfg = self.run, self.config
-        record = run.stage_done(iteration, "selection")
+        record = run.log.get(iteration, "selection")
         if record is not None:
-            return Selection.from_record(record.get("selection") or run.store.get_json(
+            return Selection.from_record(record.selection or run.store.get_json(
                 tasks.stage_name(iteration, "selection"), "selection"))
         fallback = run.mode == "spotlight" and not self.trusting
         if run.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
@@ -251,16 +249,16 @@ class Exploration:
     def start_next(self, k: int) -> tuple[Plan, Any]:
         """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
         plan = self.plan(k + 1)
-        if self.run.stage_done(k + 1, "explore") or not plan.candidates:
+        if self.run.log.done(k + 1, "explore") or not plan.candidates:
             return plan, []
         return plan, self.submit(k + 1, k, SPOT, plan.candidates, plan.steps, plan.prompts)
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, iteration: int) -> Plan:
         """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
-        record = self.run.stage_done(iteration, "plan")
+        record = self.run.log.get(iteration, "plan")
         if record is not None:
-            return Plan(**record["plan"])
+            return record.as_plan
         cfg = self.config
         rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
         prompts = len(self.run.prompts(iteration))
@@ -273,7 +271,7 @@ class Exploration:
             plan = Plan(iteration, cfg.exploration.candidates, rollout_steps, prompts, None, None,
                         None, "fixed: planner off")
             self.planner.events.append({"kind": "plan", **asdict(plan)})
-        self.run.mark(iteration, "plan", {"plan": asdict(plan), "planned_at": time.time()})
+        self.run.log.record(iteration, "plan", PlanResult.of(plan, time.time()))
         if cfg.planner.enabled:
             self.run.emit("plan", iteration=iteration, plan=plan)
         return plan
@@ -281,11 +279,9 @@ class Exploration:
     def _window_history(self, before: int, last: int | None = None) -> list[float]:
         """Measured exploration windows of the ``last`` iterations before ``before`` (default:
         the planner's ``train_time_window``); unmeasured ones (resumed stages) are left out."""
-        stages = self.run.store.manifest.stages()
-
         def task(k: int, stage: str) -> dict | None:
-            record = stages.get(stage_key(tasks.stage_name(k, stage))) or {}
-            return record.get("info", {}).get("task")
+            record = self.run.log.get(k, stage)
+            return None if record is None else record.task
 
         out = []
         for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
@@ -308,14 +304,14 @@ class Exploration:
 
     def record_plan_outcome(self, k: int, adv: dict) -> None:
         """Pay the planner for the plan that explored iteration k: the spread GRPO saw."""
-        record, stale = self.run.stage_done(k, "plan"), self.stale_candidates(k)
+        record, stale = self.run.log.get(k, "plan"), self.stale_candidates(k)
         if record is None or stale is None or not stale["tasks"]:
             return
         group = self.config.grpo.group_size
         random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
                                    or [0.0]))
         actual = sum(t["end"] - t["start"] for t in stale["tasks"])
-        plan = Plan(**record["plan"])
+        plan = record.as_plan
         window = self._window_history(k, last=1)   # iteration k-1's: it explored k
         billed = window[0] * plan.slots if window and plan.slots else None
         self.planner.record(plan, actual, float(np.mean(adv["group_std"])), random_std, billed)
@@ -348,8 +344,8 @@ class Exploration:
                             fidelity.audit_prompts, fidelity.audit_candidates)
         prompts = self.run.prompts(k)
         # The same replay steps as the stale exploration, so the audit isolates staleness.
-        plan = self.run.stage_done(k, "plan")
-        steps = plan["plan"]["steps"] if plan is not None else None
+        plan = self.run.log.get(k, "plan")
+        steps = plan.as_plan.steps if plan is not None else None
         requests = [self.explore_spec(tasks.ExploreRequest(
                         k, p, prompts[p], np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
                         "audit", steps))
@@ -377,7 +373,7 @@ class Exploration:
             "seeds": [o["seeds"].tolist() for o in outs],
             "prompt_index": [o["prompt_index"] for o in outs],
             "stale": xs, "fresh": ys, "kendall_tau": tau, "tasks": [o["record"] for o in outs]})
-        self.run.mark(k, "audit", {"kendall_tau": tau})
+        self.run.log.record(k, "audit", AuditResult(tau))
         return tau
 
     def observe(self, k: int, audit_tau: float) -> FidelityDecision:

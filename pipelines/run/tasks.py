@@ -24,12 +24,13 @@ from spotlight.models.base import Policy, build_policy
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import group_advantages
-from spotlight.rl.sampler import (Trajectory, initial_latents, sample, sigma_schedule,
+from spotlight.rl.sampler import (Trajectory, initial_latents, sample, sigma_schedule, step_grid,
                                   trainable_steps, transition_distribution)
 from spotlight.rl.sde import gaussian_log_prob
 from spotlight.rl.trainer import FlowGRPO, Rollout, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
+from storage.latents import Labels
 
 ROLLOUT_REQUEST = "batch"   # a rollout is one request: the whole fixed-shape P x G batch
 
@@ -197,8 +198,8 @@ def warm_up_task(config: RunConfig, store: RunStore, version: int) -> dict:
     return task_record("warm-up", max(version - 1, 0), start, version)
 
 
-def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, request: str,
-                     version: int, num_steps: int | None = None,
+def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, keys, stage: str,
+                     request: str, version: int, num_steps: int | None = None,
                      progress: dict | None = None) -> Trajectory:
     """SDE-sample one request, committing the latent after every step when streaming is on.
 
@@ -225,9 +226,11 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
     if progress is not None:
         progress.update(resumed_from=start, first_step_at=None)
         check_notice(start)   # noticed before it began: hand it back untouched
+    labels = _latent_labels(config, prompts, seeds, steps, version)
     with ctx.store.latent_sink(stage) as sink:
         def commit(step: int, x: torch.Tensor) -> None:
-            sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version)
+            sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version,
+                        labels=labels)
             if progress is not None and step > 0:
                 progress["last_step_at"] = time.time()
                 if progress["first_step_at"] is None:
@@ -247,6 +250,15 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], keys, stage: str, r
         traj.latents[:, :start] = torch.from_numpy(earlier).transpose(0, 1)
         _recompute_log_probs(ctx.policy, traj, prompts, config, start, steps)
     return traj
+
+
+def _latent_labels(config: RunConfig, prompts: list[str], seeds: np.ndarray, steps: int,
+                   version: int) -> Labels:
+    """What a stored request's latents are: per sample its prompt and seed, per step its σ."""
+    return Labels(("sample", "token", "channel"), {
+        "prompt": ("sample", list(prompts)), "seed": ("sample", np.asarray(seeds).reshape(-1)),
+        "sigma": ("step", step_grid(config.sampler, steps).sigmas.double().numpy()),
+        "weights_version": ("", np.int64(version))})
 
 
 @torch.no_grad()
@@ -275,7 +287,8 @@ def rollout_task(config: RunConfig, store: RunStore, request: RolloutRequest) ->
         flat = [p.text for p in prompts for _ in range(seeds.shape[1])]
         keys = sample_keys(config.seed, prompts, seeds)
         stage = stage_name(iteration, "rollout")
-        traj = _sample_streamed(ctx, flat, keys, stage, ROLLOUT_REQUEST, version)
+        traj = _sample_streamed(ctx, flat, np.asarray(seeds), keys, stage, ROLLOUT_REQUEST,
+                                version)
         arrays = {"log_probs": traj.log_probs.numpy(), "seeds": np.asarray(seeds)}
         if not config.stream_latents:
             arrays["latents"] = traj.latents.numpy()
@@ -367,8 +380,8 @@ def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) ->
         policy.eval()
         keys = sample_keys(config.seed, [prompt], np.asarray(seeds)[None, :])
         try:
-            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), keys, where, name,
-                                    version, num_steps=steps, progress=progress)
+            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), np.asarray(seeds), keys,
+                                    where, name, version, num_steps=steps, progress=progress)
         except StopAtStep as stop:
             # Handed back after a preemption notice: a result, not a failure. The sink has
             # closed, so everything through ``stop.step`` is committed (lost steps: computed

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -63,8 +64,20 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
     assert "arms" in store.get_json("iter-1/iteration", "planning")["planner"]
     for row, seeds in zip(chosen["seeds"], candidates["seeds"]):
         assert set(row) <= set(seeds) and len(seeds) == tiny_run_config.exploration.candidates
-    table = xr.open_zarr(store.url + "/rewards.zarr")
+    # Plain xarray opens the finished run's stores, labelled, without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = xr.open_zarr(store.url + "/rewards.zarr")
+        batch = xr.open_zarr(store.url + "/iter-000001/rollout.zarr/latents/batch")
+        explored = xr.open_zarr(store.url + "/iter-000001/explore.zarr/latents/p0000-c0000")
     assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
+    steps = tiny_run_config.sampler.num_steps
+    assert batch["latent"].dims == ("step", "sample", "token", "channel")
+    assert batch.sizes["step"] == steps + 1 and int(batch["weights_version"]) == 1
+    assert list(batch["seed"].values) == [s for row in chosen["seeds"] for s in row]
+    assert batch["sigma"].values[0] == 1.0 and batch["sigma"].values[-1] == 0.0
+    assert list(explored["seed"].values) == candidates["seeds"][0][:explored.sizes["sample"]]
+    assert int(explored["weights_version"]) == 0 and len(set(explored["prompt"].values)) == 1
     # exploration.window "iteration" (the default): iteration 1 was planned (and its exploration
     # started) before iteration 0's rollout was recorded -- the spot worker is not idle during it.
     assert (store.stage_record("iter-1/plan")["info"]["planned_at"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipelines.front.session import Session
-from pipelines.run.driver import Driver
+from pipelines.run.stage_log import StageLog
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 ITERATIONS = 2
@@ -54,20 +54,20 @@ def tiny_run_config_module(tmp_path_factory):
 
 def test_a_crash_after_any_stage_resumes_to_the_same_run(clean, tiny_run_config_module, tmp_path,
                                                           monkeypatch):
-    mark = Driver.mark
+    record = StageLog.record
     for n, stage in enumerate(CRASH_AFTER):
         url = str(tmp_path / f"run-{n}")
 
-        def crashing_mark(self, iteration, name, info=None, _stage=stage):
-            mark(self, iteration, name, info)
+        def crashing_record(self, iteration, name, result, _stage=stage):
+            record(self, iteration, name, result)
             if f"iter-{iteration}/{name}" == _stage:
                 raise Crash(_stage)
 
-        monkeypatch.setattr(Driver, "mark", crashing_mark)
+        monkeypatch.setattr(StageLog, "record", crashing_record)
         with Session.from_config(tiny_run_config_module, store=url) as session:
             with pytest.raises(Crash):
                 session.run(ITERATIONS)
-        monkeypatch.setattr(Driver, "mark", mark)
+        monkeypatch.setattr(StageLog, "record", record)
         with Session.resume(url) as session:
             assert session.store.stage_record(stage) is not None   # it was recorded, once
             session.run(ITERATIONS - session.completed_iterations())

@@ -99,7 +99,7 @@ def test_half_written_chunk_is_not_committed(store_config):
         run_request(sink, "r", seed=1, num_steps=6, stop=2)
     # Simulate a crash after the chunk of step 3 was (partly) written but before its marker.
     loc = store.location
-    parts = ("iter-000003/rollout.zarr", "latents", "r", "c", "3", "0", "0")
+    parts = ("iter-000003/rollout.zarr", "latents", "r", "latent", "c", "3", "0", "0")
     loc.write_bytes(b"\x00garbage", *parts)
     point = store.resume_point(STAGE, "r")
     assert point.step == 2
@@ -155,11 +155,11 @@ def test_corrupted_chunk_names_the_object(store_config):
     store = RunStore.open(store_config)
     with store.latent_sink(STAGE) as sink:
         run_request(sink, "r", seed=5, num_steps=4)
-    parts = ("iter-000003/rollout.zarr", "latents", "r", "c", "2", "0", "0")
+    parts = ("iter-000003/rollout.zarr", "latents", "r", "latent", "c", "2", "0", "0")
     data = bytearray(store.location.read_bytes(*parts))
     data[10] ^= 0xFF
     store.location.write_bytes(bytes(data), *parts)
-    with pytest.raises(CorruptObjectError, match=r"latents/r/c/2/0/0") as info:
+    with pytest.raises(CorruptObjectError, match=r"latents/r/latent/c/2/0/0") as info:
         store.read_trajectory(STAGE, "r")
     assert info.value.url.startswith(store.url)
     store.location.remove(*parts)  # a committed chunk that vanished is an error, not NaNs
@@ -174,9 +174,8 @@ def test_damaged_commit_marker_names_the_object(store_config):
     store = RunStore.open(store_config)
     with store.latent_sink(STAGE) as sink:
         sink.commit("r", 0, np.zeros(SHAPE, np.float32), num_steps=1, weights_version=0)
-    store.location.write_bytes(b"{not json", "iter-000003/rollout.zarr", "latents", "r",
-                               "commit.json")
-    with pytest.raises(CorruptObjectError, match="commit.json"):
+    store.location.write_bytes(b"{not json", "iter-000003/rollout.commits", "r.json")
+    with pytest.raises(CorruptObjectError, match="rollout.commits/r.json"):
         store.resume_point(STAGE, "r")
 
 

@@ -67,7 +67,7 @@ def test_server_stopped_mid_stream_retries_then_fails_clearly(own_moto_s3, caplo
             sink.flush()
     message = str(info.value)
     assert "request 'r0' step 3" in message and "gave up after 4 attempts" in message
-    assert s3.endpoint in message and "latents/r0/c/3/0/0" in message
+    assert s3.endpoint in message and "latents/r0/latent/c/3/0/0" in message
     retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
     assert [m.split("retry ")[1][:3] for m in retries] == ["1/3", "2/3", "3/3"]
     with pytest.raises(StorageUnavailableError):  # the sink stays failed, loudly

@@ -1,0 +1,80 @@
+"""Run the pinned digits scenario and print one JSON line per mode: rewards and weights hashes.
+
+    python tests/golden/record_digits.py spotlight,vanilla,sync
+
+``tests/pipelines/test_digits_pin.py`` runs this in a subprocess and compares with
+``digits.json``. Torch's kernels are held to their portable (non-SIMD) paths and MKL to its
+compatible code path, set before torch loads, so that the sums come out the same on any x86
+CPU rather than depending on AVX2 or AVX-512; the recogniser and base model are trained afresh
+in a private cache, on the same paths. To re-record from an older commit, check it out
+into a work tree and run this file there with ``PYTHONPATH`` set to the work tree.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+os.environ.update(PORTABLE_ENV)   # before torch loads, here and in the workers it starts
+
+
+def scenario() -> dict:
+    """The pinned run: the pipeline tests' tiny run with a base model that renders something."""
+    from tests.pipelines.conftest import TINY_RUN
+
+    run = dict(TINY_RUN, iterations=3)
+    # No wall-clock cap: a loaded machine must not stop pretraining early and move the base.
+    run["pretrain"] = {"steps": 400, "batch_size": 16, "warmup_steps": 10, "time_budget_s": 86400.0}
+    run["model"] = dict(TINY_RUN["model"], num_layers=2, attention_head_dim=32, text_dim=32)
+    run["fidelity"] = {"audit_every": 5}   # the audit cadence of the recording (none in 3)
+    return run
+
+
+def weights_sha256(weights: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(name.encode())
+        digest.update(weights[name].numpy().tobytes())
+    return digest.hexdigest()
+
+
+def record(mode: str, workdir: str) -> dict:
+    import numpy as np
+    import yaml
+
+    try:
+        from pipelines.front.session import Session
+    except ImportError:   # commits before the front-end folder
+        from pipelines.session import Session
+    from spotlight.config import load_config
+
+    path = os.path.join(workdir, "pinned.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(scenario(), f)
+    with Session.from_config(load_config(path), store=os.path.join(workdir, mode),
+                             mode=mode) as session:
+        history = session.run(3)
+        weights = session.store.load_checkpoint(3).weights
+        rewards = session.store.open_rewards()["reward"].values
+    return {"weights_sha256": weights_sha256(weights),
+            "rewards_sha256": hashlib.sha256(np.nan_to_num(rewards).tobytes()).hexdigest(),
+            "val_reward": [float(v) for v in history["val_reward"]],
+            "rollout_reward": [float(v) for v in history["reward_mean"]]}
+
+
+def main(argv: list[str]) -> int:
+    modes = (argv[0] if argv else "spotlight,vanilla,sync").split(",")
+    with tempfile.TemporaryDirectory() as workdir:
+        # A private artefact cache: the recogniser and the base model are trained here, on the
+        # portable paths too, never taken from a cache another process filled.
+        os.environ["SPOTLIGHT_CACHE"] = os.path.join(workdir, "cache")
+        for mode in modes:
+            print(json.dumps({mode: record(mode, workdir)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":   # workers start by spawning: they import this file, not run it
+    sys.exit(main(sys.argv[1:]))
