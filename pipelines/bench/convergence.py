@@ -23,7 +23,7 @@ import torch
 from pipelines.bench import machine, register_bench, write_result
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config
-from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.base import base_policy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
@@ -38,7 +38,7 @@ def base_validation(config: RunConfig) -> float:
     thread count, so the floating-point sums match theirs."""
     torch.set_num_threads(config.cluster.threads_per_worker)
     prompts = load_prompts(config.world.val_prompts, config.world.task)
-    return validate(load_base_policy(config), prompts, build_reward(config.reward), check_rewards,
+    return validate(base_policy(config, progress=False), prompts, build_reward(config.reward), check_rewards,
                     config).mean_reward
 
 
@@ -171,8 +171,7 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     overrides.update(settings)   # the caller's --set values win over the bench's own
     cfg = load_config(config or TASK_CONFIGS[task], overrides)
     budget = time_budget_s or (60.0 if quick else 600.0)
-    pretrain(cfg)
-    base = base_validation(cfg)
+    base = base_validation(cfg)   # builds (digits: pretrains, cached) the base first
     goal = target if target is not None else base + target_gain
     print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-convergence-"))

@@ -24,7 +24,7 @@ from pipelines.cluster.preemption import preemption_watch
 from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
-from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.base import base_policy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
@@ -81,13 +81,12 @@ class Session:
         _refuse_existing_run(url)
         cluster, mode = _cluster_for(config, client)   # a wrong address fails before pretraining
         try:
-            pretrain(config, progress=progress)   # cached by config hash
+            base = base_policy(config, progress=progress)   # digits: pretrained, cached
             build_reward(config.reward)            # warm the recogniser cache once, here
             run_store = url if isinstance(url, RunStore) else RunStore.open(url, writer=True)
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)
             if run_store.latest_checkpoint() is None:
-                base = load_base_policy(config)
                 run_store.save_checkpoint(0, base.state_dict(), None, metadata={"base": True})
             return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
         except BaseException:

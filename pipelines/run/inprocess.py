@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from spotlight.config import RunConfig
-from spotlight.models.pretrain import load_base_policy, pretrain
+from spotlight.models.base import base_policy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.trainer import FlowGRPO, IterationStats, iteration_prompts, random_seeds
@@ -36,8 +36,7 @@ class InProcessRun:
     def __init__(self, config: RunConfig, *, progress: bool = True) -> None:
         torch.set_num_threads(config.threads)
         self.config = config
-        pretrain(config, progress=progress)  # cached by config hash
-        self.policy = load_base_policy(config)
+        self.policy = base_policy(config, progress=progress)   # digits: pretrained, cached
         self.reward_fn = build_reward(config.reward)
         self.train_prompts = load_prompts(config.world.train_prompts, config.world.task)
         self.val_prompts = load_prompts(config.world.val_prompts, config.world.task)

@@ -53,8 +53,26 @@ class ModelConfig(Validated):
                            "converted to velocity) or 'velocity'.", choices=("sample", "velocity"))
     max_prompt_tokens: int = spec(24, "Prompt tokens kept after word/digit tokenisation.",
                                   range=(4, 256))
+    weights: str = spec("", "Qwen-Image weights (policy 'qwen-image'): a folder or object-storage "
+                        "URL in diffusers' layout (transformer/, vae/, text_encoder/, tokenizer/, "
+                        "scheduler/), or 'tiny' for tiny random components built offline.")
+    lora_rank: int = spec(16, "LoRA rank on the transformer (policy 'qwen-image'); 0 trains every "
+                          "transformer weight instead.", range=(0, 1024))
+    lora_alpha: float = spec(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.",
+                             range=(0.0, 4096.0))
+    lora_targets: list[str] = spec(
+        ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
+         "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj",
+         "txt_mlp.net.2"],
+        "Transformer modules that get a LoRA adapter (names or name suffixes): the joint-attention "
+        "projections and the image/text MLPs.")
+    dtype: str = spec("auto", "Weights dtype (policy 'qwen-image'): 'auto' = bfloat16 on GPU, "
+                      "float32 on CPU.", choices=("auto", "float32", "bfloat16", "float16"))
 
     def validate(self) -> None:
+        if self.policy == "qwen-image" and not self.weights:
+            raise ConfigError("model.weights is empty, but model.policy 'qwen-image' loads its "
+                              "components from it; set a weights folder or URL, or 'tiny'")
         if self.attention_head_dim % 8:
             raise ConfigError(f"ModelConfig.attention_head_dim = {self.attention_head_dim} must be "
                               "divisible by 8 (split across three RoPE axes)")

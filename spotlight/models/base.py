@@ -43,6 +43,11 @@ class Policy(Protocol):
         """The parameters an update changes (``grpo.trainable``)."""
         ...
 
+    def reference(self) -> Any:
+        """The frozen KL reference (``encode`` and ``velocity`` of the weights as they are now):
+        a copy, or -- for an adapter -- this policy with its adapter disabled."""
+        ...
+
     def state_dict(self) -> Mapping[str, torch.Tensor]:
         """The trainable state a checkpoint holds and a worker loads (by weights version)."""
         ...
@@ -58,12 +63,16 @@ class Policy(Protocol):
 
 
 PolicyBuilder = Callable[[Any], Policy]   # RunConfig -> a policy with freshly built weights
+BaseBuilder = Callable[[Any, bool], Policy]   # (RunConfig, progress) -> the base model
 POLICIES: dict[str, PolicyBuilder] = {}
 """Registered policy builders by name (``model.policy``)."""
+BASES: dict[str, BaseBuilder] = {}
+"""How each registered policy gets its base weights (checkpoint 0 of a run)."""
 
 # Modules that register the policies shipped with Spotlight; imported on first use so that
 # naming a policy does not import every model's dependencies.
-_SHIPPED = {"digits": "spotlight.models.policy"}
+_SHIPPED = {"digits": "spotlight.models.policy",
+            "qwen-image": "spotlight.models.qwen_image.policy"}
 
 
 def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
@@ -79,15 +88,39 @@ def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
     return add
 
 
-def build_policy(config: Any) -> Policy:
-    """The policy ``config.model.policy`` names, built for ``config`` (weights not loaded)."""
+def register_base(name: str) -> Callable[[BaseBuilder], BaseBuilder]:
+    """Decorator: ``base_policy`` calls the builder for ``model.policy`` = ``name`` (without
+    one, the base is the policy as ``build_policy`` makes it)."""
+
+    def add(builder: BaseBuilder) -> BaseBuilder:
+        BASES[name] = builder
+        return builder
+
+    return add
+
+
+def _registered(name: str) -> None:
     import importlib
 
-    name = config.model.policy
     if name not in POLICIES and name in _SHIPPED:
         importlib.import_module(_SHIPPED[name])
     if name not in POLICIES:
         raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
                          f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "
                          "@register_policy")
-    return POLICIES[name](config)
+
+
+def build_policy(config: Any) -> Policy:
+    """The policy ``config.model.policy`` names, built for ``config`` (a worker then loads a
+    checkpoint's trainable state into it)."""
+    _registered(config.model.policy)
+    return POLICIES[config.model.policy](config)
+
+
+def base_policy(config: Any, progress: bool = True) -> Policy:
+    """The base model of ``config`` -- what a run's checkpoint 0 holds: pretrained (digits,
+    cached), or loaded from its weights with a fresh adapter (qwen-image)."""
+    name = config.model.policy
+    _registered(name)
+    builder = BASES.get(name)
+    return builder(config, progress) if builder is not None else POLICIES[name](config)

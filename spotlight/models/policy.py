@@ -6,6 +6,7 @@ encode prompts, predict velocity on packed latents, decode, trainable parameters
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -17,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spotlight.config import ModelConfig
-from spotlight.models.base import register_policy
+from spotlight.models.base import register_base, register_policy
 from spotlight.models.text_encoder import PromptEncoder
 from spotlight.models.world import to_pixels
 
@@ -48,6 +49,15 @@ def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
 def digits_policy(config) -> "DigitsPolicy":
     """The digits world's policy for a run config (``model.policy: digits``)."""
     return DigitsPolicy(config.model, config.world.canvas_height, config.world.canvas_width)
+
+
+@register_base("digits")
+def digits_base(config, progress: bool = True) -> "DigitsPolicy":
+    """The pretrained base of a digits config (trained once, then cached by config hash)."""
+    from spotlight.models.pretrain import load_base_policy, pretrain
+
+    pretrain(config, progress=progress)
+    return load_base_policy(config)
 
 
 class DigitsPolicy(nn.Module):
@@ -106,6 +116,10 @@ class DigitsPolicy(nn.Module):
     def trainable_parameters(self, which: str = "transformer") -> list[nn.Parameter]:
         modules = [self.transformer] if which == "transformer" else [self.transformer, self.text_encoder]
         return [p for m in modules for p in m.parameters()]
+
+    def reference(self) -> "DigitsPolicy":
+        """A frozen copy of the weights as they are now (the KL reference)."""
+        return copy.deepcopy(self).requires_grad_(False)
 
     # --- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path, extra: dict | None = None) -> Path:

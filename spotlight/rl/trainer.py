@@ -5,7 +5,6 @@ chains them for a single process.
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -78,7 +77,7 @@ class FlowGRPO:
         self.parameters = policy.trainable_parameters(grpo.trainable)
         for p in self.parameters:
             p.requires_grad_(True)
-        self.reference = copy.deepcopy(policy).requires_grad_(False) if grpo.beta_kl > 0 else None
+        self.reference = policy.reference() if grpo.beta_kl > 0 else None
         self.optimizer = self._new_optimizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:

@@ -1,0 +1,168 @@
+"""Where a Qwen-Image policy's components come from: a local folder, an object-storage URL
+(copied once to a local cache through fsspec and checksummed), or ``tiny`` (tiny random
+components built offline into the cache, then loaded exactly like real weights).
+
+A folder has diffusers' layout: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``
+(and ``scheduler/``, ``model_index.json``), each as its library's ``save_pretrained`` wrote it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Component folder -> the file that shows it is there (what save_pretrained writes first).
+REQUIRED = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
+            "tokenizer": "tokenizer_config.json"}
+CHECKSUMS = ".spotlight-sha256.json"   # sha256 of every file of a cached copy
+TINY = "tiny"
+TINY_VERSION = 2                       # bump when the tiny components change
+
+
+class WeightsError(ValueError):
+    """A weights folder or URL that cannot give a Qwen-Image policy its components."""
+
+
+@dataclass
+class Components:
+    transformer: Any
+    vae: Any
+    text_encoder: Any
+    tokenizer: Any
+    folder: Path
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``model.dtype`` as a torch dtype; an error for one this machine cannot run."""
+    gpu = torch.cuda.is_available()
+    if name == "auto":
+        return torch.bfloat16 if gpu else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}.get(name)
+    if dtype is None:
+        raise WeightsError(f"model.dtype = {name!r}; expected auto, float32, bfloat16 or float16")
+    if dtype is torch.float16 and not gpu:
+        raise WeightsError("model.dtype = 'float16' needs a GPU (CPU kernels lack half "
+                           "precision for these models); use 'auto', 'float32' or 'bfloat16'")
+    return dtype
+
+
+def cache_root() -> Path:
+    from spotlight.cache import cache_dir
+
+    return Path(cache_dir())
+
+
+def local_folder(weights: str) -> Path:
+    """A local folder holding the components of ``weights`` (a path, a URL, or ``tiny``)."""
+    if weights == TINY:
+        return _tiny_folder()
+    if "://" in weights and not weights.startswith("file://"):
+        return _cached_copy(weights)
+    folder = Path(weights.removeprefix("file://")).expanduser()
+    check_folder(folder, weights)
+    return folder
+
+
+def check_folder(folder: Path, named: str) -> None:
+    """An error naming every missing component and what was expected, before any load."""
+    if not folder.is_dir():
+        raise WeightsError(f"model.weights {named!r}: no such folder; expected a Qwen-Image "
+                           f"weights folder with {sorted(REQUIRED)} (or 'tiny')")
+    missing = [f"{name}/{marker}" for name, marker in REQUIRED.items()
+               if not (folder / name / marker).is_file()]
+    if missing:
+        raise WeightsError(f"model.weights {named!r} lacks {missing}; a Qwen-Image weights "
+                           f"folder holds {sorted(REQUIRED)} as save_pretrained writes them")
+
+
+def load_components(weights: str, dtype: torch.dtype) -> Components:
+    """Every component of ``weights`` through diffusers' and transformers' ``from_pretrained``."""
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    from transformers.utils import logging as transformers_logging
+
+    folder = local_folder(weights)
+    transformers_logging.disable_progress_bar()   # one bar per worker and component otherwise
+    return Components(
+        transformer=QwenImageTransformer2DModel.from_pretrained(folder / "transformer",
+                                                                torch_dtype=dtype),
+        vae=AutoencoderKLQwenImage.from_pretrained(folder / "vae", torch_dtype=dtype),
+        text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            folder / "text_encoder", dtype=dtype).eval(),
+        tokenizer=AutoTokenizer.from_pretrained(folder / "tokenizer"),
+        folder=folder)
+
+
+def _tiny_folder() -> Path:
+    """The tiny components, built once into the cache (atomically: a half-built folder never
+    counts)."""
+    from spotlight.models.qwen_image.tiny import build_tiny_components
+
+    folder = cache_root() / f"qwen-image-tiny-v{TINY_VERSION}"
+    if not (folder / "model_index.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        build_tiny_components(building)
+        _publish(building, folder)
+    return folder
+
+
+def _cached_copy(url: str) -> Path:
+    """``url`` copied once into the cache and checksummed; later calls check the copy."""
+    import fsspec
+
+    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    folder = cache_root() / "weights" / key
+    if (folder / CHECKSUMS).is_file():
+        _verify(folder, url)
+        return folder
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.isdir(path):
+        raise WeightsError(f"model.weights {url!r}: no such folder in object storage; expected a "
+                           f"Qwen-Image weights folder with {sorted(REQUIRED)}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    copying = Path(tempfile.mkdtemp(prefix=key + ".", dir=folder.parent))
+    fs.get(path.rstrip("/") + "/", str(copying), recursive=True)
+    check_folder(copying, url)
+    sums = {str(p.relative_to(copying)): _sha256(p) for p in sorted(copying.rglob("*"))
+            if p.is_file()}
+    (copying / CHECKSUMS).write_text(json.dumps({"url": url, "files": sums}, indent=1))
+    _publish(copying, folder)
+    return folder
+
+
+def _verify(folder: Path, url: str) -> None:
+    """Every file of a cached copy still has its recorded size and checksum."""
+    record = json.loads((folder / CHECKSUMS).read_text())
+    for name, digest in record["files"].items():
+        path = folder / name
+        if not path.is_file() or _sha256(path) != digest:
+            raise WeightsError(f"the cached copy of {url!r} at {folder} is damaged ({name}); "
+                               "delete that folder and run again to copy it afresh")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _publish(built: Path, folder: Path) -> None:
+    """Move a finished folder into place; another process may have published it first."""
+    try:
+        os.replace(built, folder)
+    except OSError:
+        if not (folder / "model_index.json").is_file() and not (folder / CHECKSUMS).is_file():
+            raise
+        shutil.rmtree(built, ignore_errors=True)

@@ -1,0 +1,153 @@
+"""The Qwen-Image policy on tiny, randomly initialised components in the real file format,
+loaded through the path real weights take."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spotlight.config.sections import ModelConfig
+from spotlight.models.base import Policy
+from spotlight.models.qwen_image.policy import QwenImagePolicy
+from spotlight.models.qwen_image.tiny import PROMPT_TEMPLATE, TEMPLATE_DROP, build_tiny_components
+from spotlight.models.qwen_image.weights import (WeightsError, load_components, local_folder,
+                                                 resolve_dtype)
+
+PROMPTS = ['a sign that says "59"', "a poster"]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return build_tiny_components(tmp_path_factory.mktemp("qwen") / "tiny")
+
+
+def _policy(folder, **model) -> QwenImagePolicy:
+    config = ModelConfig(policy="qwen-image", weights=str(folder), **model)
+    return QwenImagePolicy(load_components(str(folder), torch.float32), config, 16, 32)
+
+
+def _velocity(policy, seed=0):
+    x = torch.randn(2, *policy.tokens_shape, generator=torch.Generator().manual_seed(seed))
+    return x, policy.velocity(x, torch.tensor([0.6]), policy.encode(PROMPTS))
+
+
+def test_the_pipeline_and_the_tiny_tokenizer_agree_on_the_template(tiny_folder):
+    from diffusers import QwenImagePipeline
+    from transformers import AutoTokenizer
+
+    source = QwenImagePipeline.__init__.__code__.co_consts
+    assert PROMPT_TEMPLATE in source and TEMPLATE_DROP in source
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder / "tokenizer")
+    prefix = PROMPT_TEMPLATE.split("{}")[0]
+    assert len(tokenizer(prefix).input_ids) == TEMPLATE_DROP
+
+
+def test_saved_components_load_back_to_identical_outputs(tiny_folder, tmp_path):
+    policy = _policy(tiny_folder, lora_rank=0)
+    assert isinstance(policy, Policy)
+    x, v = _velocity(policy)
+    again = _policy(tiny_folder, lora_rank=0)
+    assert torch.equal(again.velocity(x, torch.tensor([0.6]), again.encode(PROMPTS)), v)
+    np.testing.assert_array_equal(policy.decode(x), again.decode(x))
+    pixels = policy.decode(x)
+    assert pixels.shape == (2, 3, 16, 32) and pixels.dtype == np.float32
+    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
+
+
+def test_prompt_embeddings_match_the_stock_pipeline(tiny_folder):
+    from diffusers import QwenImagePipeline
+
+    policy = _policy(tiny_folder)
+    pipe = QwenImagePipeline(None, policy.vae, policy.text_encoder, policy.tokenizer,
+                             policy.transformer)
+    embeds, mask = pipe.encode_prompt(PROMPTS, device="cpu")
+    mine, my_mask = policy.encode(PROMPTS)
+    assert torch.equal(my_mask, mask.long())
+    torch.testing.assert_close(mine, embeds.float())
+
+
+def test_lora_trains_only_the_adapter_and_the_reference_stays_the_base(tiny_folder):
+    policy = _policy(tiny_folder, lora_rank=4, lora_alpha=4.0)
+    trainable = policy.trainable_parameters()
+    names = {id(p): n for n, p in policy.transformer.named_parameters()}
+    assert trainable and all("lora_" in names[id(p)] for p in trainable)
+    frozen = {n: p.clone() for n, p in policy.transformer.named_parameters() if "lora_" not in n}
+    x, base = _velocity(policy)
+    reference = policy.reference()
+    text = policy.encode(PROMPTS)
+    optimizer = torch.optim.SGD(trainable, lr=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        policy.velocity(x, torch.tensor([0.6]), text).pow(2).mean().backward()
+        optimizer.step()
+    trained = policy.velocity(x, torch.tensor([0.6]), text)
+    assert not torch.allclose(trained, base)
+    assert torch.equal(reference.velocity(x, torch.tensor([0.6]), text), base)
+    for n, p in policy.transformer.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, frozen[n]), n
+
+
+def test_the_checkpoint_is_the_adapter_and_loads_into_a_stock_pipeline(tiny_folder, tmp_path):
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from safetensors.torch import save_file
+
+    policy = _policy(tiny_folder, lora_rank=4)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05)
+    state = policy.state_dict()
+    assert state and all(k.startswith("transformer.") and ".lora_" in k for k in state)
+    restored = _policy(tiny_folder, lora_rank=4)
+    restored.load_state_dict(state)
+    x, v = _velocity(policy)
+    assert torch.equal(restored.velocity(x, torch.tensor([0.6]), restored.encode(PROMPTS)), v)
+
+    save_file({k: t.contiguous() for k, t in state.items()}, str(tmp_path / "weights.safetensors"))
+    c = load_components(str(tiny_folder), torch.float32)
+    pipe = QwenImagePipeline(FlowMatchEulerDiscreteScheduler.from_pretrained(
+        tiny_folder / "scheduler"), c.vae, c.text_encoder, c.tokenizer, c.transformer)
+
+    def image():
+        return pipe(prompt=PROMPTS[0], height=16, width=32, num_inference_steps=2,
+                    output_type="np", generator=torch.Generator().manual_seed(0)).images
+
+    before = image()
+    pipe.load_lora_weights(str(tmp_path), weight_name="weights.safetensors")
+    assert np.abs(image() - before).max() > 1e-3
+
+
+def test_a_lora_state_of_another_shape_is_refused(tiny_folder):
+    state = _policy(tiny_folder, lora_rank=4).state_dict()
+    with pytest.raises(KeyError, match="lora_rank"):
+        _policy(tiny_folder, lora_rank=4, lora_targets=["to_q"]).load_state_dict(state)
+
+
+def test_a_lora_target_that_matches_nothing_is_named(tiny_folder):
+    with pytest.raises(ValueError, match=r"\['to_qq'\] match no module"):
+        _policy(tiny_folder, lora_targets=["to_q", "to_qq"])
+
+
+def test_a_missing_component_is_named_with_what_was_expected(tiny_folder, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_folder, broken)
+    shutil.rmtree(broken / "vae")
+    with pytest.raises(WeightsError, match=r"lacks \['vae/config.json'\]"):
+        local_folder(str(broken))
+    with pytest.raises(WeightsError, match="no such folder"):
+        local_folder(str(tmp_path / "nowhere"))
+
+
+def test_a_resolution_the_vae_cannot_pack_is_refused(tiny_folder):
+    config = ModelConfig(policy="qwen-image", weights=str(tiny_folder))
+    with pytest.raises(ValueError, match="divisible by 4"):
+        QwenImagePolicy(load_components(str(tiny_folder), torch.float32), config, 18, 32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="float16 runs on a GPU")
+def test_a_dtype_the_device_cannot_run_is_refused():
+    with pytest.raises(WeightsError, match="float16.*needs a GPU"):
+        resolve_dtype("float16")
+    assert resolve_dtype("auto") is torch.float32
