@@ -60,6 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.front.console import ConsoleProgress
     from pipelines.front.session import Session
 
+    if args.dry_run:
+        return _dry_run(args)
     progress = ConsoleProgress()
     if args.resume:
         given = [f"--{name.replace('_', '-')}" for name in CHANGES_THE_RUN
@@ -198,8 +200,22 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+def _dry_run(args: argparse.Namespace) -> int:
+    """Print the sizing table; start nothing, write nothing."""
+    from pipelines.front.dry_run import dry_run_report
+    from spotlight.config import load_config
+
+    if args.resume:
+        raise UsageError("--dry-run sizes a new run from --config; it does not go with --resume")
+    overrides = dict(parse_override(item) for item in (args.set or []))
+    print(dry_run_report(load_config(config_path(args), overrides)))
+    return 0
+
+
 def _add_run(p: argparse.ArgumentParser) -> None:
     _with_config(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print memory per worker, time and cost per iteration; start nothing")
     p.add_argument("--iterations", type=int, default=None, help="iterations (default: config)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",

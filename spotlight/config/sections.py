@@ -68,6 +68,13 @@ class ModelConfig(Validated):
         "projections and the image/text MLPs.")
     dtype: str = spec("auto", "Weights dtype (policy 'qwen-image'): 'auto' = bfloat16 on GPU, "
                       "float32 on CPU.", choices=("auto", "float32", "bfloat16", "float16"))
+    height: int = spec(0, "Image height (policy 'qwen-image'); 0 = world.canvas_height.",
+                       range=(0, 4096))
+    width: int = spec(0, "Image width (policy 'qwen-image'); 0 = world.canvas_width.",
+                      range=(0, 4096))
+    true_cfg: float = spec(1.0, "True classifier-free guidance scale as sizing assumes it (two "
+                           "passes per step above 1; the sampler does not apply it yet).",
+                           range=(1.0, 20.0))
 
     def validate(self) -> None:
         if self.policy == "qwen-image" and not self.weights:

@@ -68,6 +68,8 @@ POLICIES: dict[str, PolicyBuilder] = {}
 """Registered policy builders by name (``model.policy``)."""
 BASES: dict[str, BaseBuilder] = {}
 """How each registered policy gets its base weights (checkpoint 0 of a run)."""
+SIZERS: dict[str, Callable[[Any], Any]] = {}
+"""RunConfig -> spotlight.sizing.ModelSize, without loading weights (``--dry-run``)."""
 
 # Modules that register the policies shipped with Spotlight; imported on first use so that
 # naming a policy does not import every model's dependencies.
@@ -97,6 +99,26 @@ def register_base(name: str) -> Callable[[BaseBuilder], BaseBuilder]:
         return builder
 
     return add
+
+
+def register_sizing(name: str) -> Callable:
+    """Decorator: ``model_size`` calls it for ``model.policy`` = ``name``."""
+
+    def add(sizer: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        SIZERS[name] = sizer
+        return sizer
+
+    return add
+
+
+def model_size(config: Any) -> Any:
+    """The :class:`spotlight.sizing.ModelSize` of ``config``'s policy (nothing loaded)."""
+    name = config.model.policy
+    _registered(name)
+    if name not in SIZERS:
+        raise ValueError(f"policy {name!r} cannot size itself for --dry-run; register a sizer "
+                         "with @register_sizing")
+    return SIZERS[name](config)
 
 
 def _registered(name: str) -> None:

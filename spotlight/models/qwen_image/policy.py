@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from spotlight.models.base import register_base, register_policy
+from spotlight.models.qwen_image import sizing  # noqa: F401  (registers the --dry-run sizer)
 from spotlight.models.qwen_image.weights import Components, load_components, resolve_dtype
 
 PREFIX = "transformer."   # diffusers' LoRA state-dict prefix for the transformer's adapter
@@ -32,8 +33,13 @@ def qwen_image_policy(config) -> "QwenImagePolicy":
     """``model.policy: qwen-image``: the components of ``model.weights``, adapter freshly
     initialised (a checkpoint's state then replaces it)."""
     components = load_components(config.model.weights, resolve_dtype(config.model.dtype))
-    return QwenImagePolicy(components, config.model, config.world.canvas_height,
-                           config.world.canvas_width)
+    return QwenImagePolicy(components, config.model, *image_size(config))
+
+
+def image_size(config) -> tuple[int, int]:
+    """(height, width) of the images: model.height/width, else the world's canvas."""
+    return (config.model.height or config.world.canvas_height,
+            config.model.width or config.world.canvas_width)
 
 
 @register_base("qwen-image")

@@ -1,0 +1,69 @@
+"""``spotlight run --dry-run``: size a run from its config before any worker starts.
+
+Per stage and worker class: the device, the memory a worker needs, the seconds the stage takes
+per iteration; then the iteration's wall time (exploration hides in the training window), the
+GPU-hours per worker class and their cost at the configured prices. How each figure is computed
+is printed under the table (see :mod:`spotlight.sizing`).
+"""
+from __future__ import annotations
+
+from spotlight.config import RunConfig
+from spotlight.cost import load_prices, worker_class_prices
+from spotlight.models.base import model_size
+from spotlight.sizing import Estimate, iteration_estimates
+
+
+def estimates(config: RunConfig, gpu_speed: float = 1.0) -> tuple[list[Estimate], object]:
+    size = model_size(config)
+    grpo, sampler, explore = config.grpo, config.sampler, config.exploration
+    trained = max(1, round(grpo.timestep_fraction * (sampler.sde_window_size or sampler.num_steps)))
+    rows = iteration_estimates(
+        size, prompts=grpo.prompts_per_iteration, group=grpo.group_size,
+        steps=sampler.num_steps, cfg=config.model.true_cfg > 1.0,
+        candidates=explore.candidates, explore_steps=explore.steps or sampler.num_steps,
+        explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
+        trained_steps=trained, gpu_workers=config.cluster.gpu_workers,
+        spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed)
+    return rows, size
+
+
+def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
+    rows, size = estimates(config, gpu_speed)
+    by_stage = {r.stage: r for r in rows}
+    gpu_s = by_stage["rollout"].seconds + by_stage["train"].seconds
+    # Spot workers explore while the gpu workers roll out and train; the iteration waits for
+    # exploration only where it runs past that window.
+    wall = max(gpu_s, by_stage["explore"].seconds)
+    prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
+    workers = {"gpu": config.cluster.gpu_workers, "spot": config.cluster.spot_workers}
+    hours = {cls: workers[cls] * wall / 3600 for cls in workers}
+    cost = {cls: hours[cls] * prices[cls] for cls in workers}
+    lines = [f"model: {config.model.policy}  transformer {size.transformer / 1e9:.2f} B params, "
+             f"VAE {size.vae / 1e6:.0f} M, text encoder {size.text_encoder / 1e9:.2f} B "
+             f"(not on workers' critical path: embeddings once per prompt), trainable "
+             f"{size.trainable / 1e6:.1f} M; {size.weight_bytes} bytes per weight; "
+             f"{size.image_tokens} image tokens per image",
+             "",
+             f"{'stage':<9}{'workers':<14}{'memory/worker':>15}{'s/iteration':>13}",
+             "-" * 51]
+    for r in rows:
+        device = f"{workers[r.worker_class]} x {r.worker_class}"
+        lines.append(f"{r.stage:<9}{device:<14}{r.memory_gib:>12.1f} GiB{r.seconds:>13.1f}")
+    lines += ["-" * 51,
+              f"iteration wall time {wall:.1f} s (rollout + train on gpu; exploration "
+              f"{'fits in' if by_stage['explore'].seconds <= gpu_s else 'runs past'} it)",
+              "per iteration: " + ", ".join(
+                  f"{cls} {hours[cls]:.3f} GPU-h ${cost[cls]:.2f} at ${prices[cls]:.2f}/GPU-h"
+                  for cls in workers) + f"; total ${sum(cost.values()):.2f}",
+              "", "how:"]
+    lines += [f"  {r.stage}: {r.how}" for r in rows]
+    lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
+              "activations of one block (12 x batch x tokens x width); training activations of "
+              "every block (16 x micro-batch x tokens x width x layers, no checkpointing), fp32 "
+              "gradients and two Adam moments of the trainable parameters; rollout latents of "
+              "every step kept for the log-probabilities",
+              f"  times assume an H100 (gpu_speed {gpu_speed:g}); cost = workers x wall time x "
+              f"price per GPU-hour ({config.cost.prices})"]
+    return "\n".join(lines)
+
+

@@ -1,0 +1,104 @@
+"""Size a run before paying for it: memory per worker and time and cost per iteration.
+
+Pure arithmetic on a config, the model's parameter counts and published timings -- nothing is
+loaded or run. Every estimate says how it is computed (``Estimate.how``), so a user can judge
+it; ``spotlight run --dry-run`` prints them.
+
+Timing model (published H100 figures, ``shared/simulator-params.md``): one transformer forward
+of ``n`` image tokens at batch 1 takes ``T1 * (n / 1024) ** 0.79`` seconds with T1 = 58 ms
+(Qwen-Image, 512² at 116 ms per CFG step and 1536² at 663 ms per CFG step give the exponent);
+a batch of ``b`` costs ``b ** 0.58`` times batch 1 (H200: 0.167 s/step at b1, 0.832 at b16). A
+training step (forward + backward) costs three forwards. Other GPUs: scale by ``gpu_speed``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FORWARD_1024_S = 0.058     # H100, batch 1, 1024 image tokens, one pass
+TOKEN_EXPONENT = 0.79      # log(331 ms / 58 ms) / log(9216 / 1024)
+BATCH_EXPONENT = 0.58      # log(0.832 / 0.167) / log(16)
+TRAIN_FORWARDS = 3.0       # forward + backward ~ 3 forwards
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Parameter counts of a policy's parts and the bytes of one weight."""
+
+    transformer: int
+    vae: int
+    text_encoder: int
+    trainable: int              # adapter parameters, or the transformer's for full tuning
+    weight_bytes: int           # 2 for bf16/fp16, 4 for fp32
+    hidden: int                 # transformer width (activations per token)
+    layers: int
+    latent_channels: int        # packed latent channels per token
+    image_tokens: int           # packed latent tokens per image at the run's resolution
+    text_tokens: int = 256      # prompt tokens assumed for activations
+
+
+@dataclass(frozen=True)
+class Estimate:
+    stage: str
+    worker_class: str
+    memory_gib: float
+    seconds: float
+    how: str
+
+
+def forward_s(tokens: int, batch: int, gpu_speed: float = 1.0) -> float:
+    """Seconds of one transformer pass over ``batch`` images of ``tokens`` image tokens."""
+    return FORWARD_1024_S * (tokens / 1024) ** TOKEN_EXPONENT * batch ** BATCH_EXPONENT / gpu_speed
+
+
+def inference_memory_gib(size: ModelSize, batch: int, steps: int, keep_trajectory: bool) -> float:
+    """Weights (transformer + VAE), one block's activations, and the latents held in flight."""
+    weights = (size.transformer + size.vae + size.trainable) * size.weight_bytes
+    tokens = size.image_tokens + size.text_tokens
+    activations = batch * tokens * size.hidden * size.weight_bytes * 12   # q,k,v,o + 4x MLP, x2
+    latents = batch * size.image_tokens * size.latent_channels * 4 * (
+        steps + 1 if keep_trajectory else 2)
+    return (weights + activations + latents) / GIB
+
+
+def training_memory_gib(size: ModelSize, micro_batch: int) -> float:
+    """Weights, fp32 gradients and two Adam moments of the trainable parameters, and every
+    block's activations for the backward pass (no activation checkpointing)."""
+    weights = (size.transformer + size.vae + size.trainable) * size.weight_bytes
+    optimizer = size.trainable * 4 * 3
+    tokens = size.image_tokens + size.text_tokens
+    activations = micro_batch * tokens * size.hidden * size.weight_bytes * 16 * size.layers
+    return (weights + optimizer + activations) / GIB
+
+
+def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int, cfg: bool,
+                        candidates: int, explore_steps: int, explore_batch: int,
+                        micro_batch: int, trained_steps: int, gpu_workers: int,
+                        spot_workers: int, gpu_speed: float = 1.0) -> list[Estimate]:
+    """Memory per worker and wall seconds per stage of one iteration (workers in parallel)."""
+    passes = 2 if cfg else 1
+    samples = prompts * group
+    rollout_batch = max(1, min(samples, micro_batch))
+    rollout_s = (math.ceil(samples / rollout_batch) * steps * passes
+                 * forward_s(size.image_tokens, rollout_batch, gpu_speed) / gpu_workers)
+    explore_n = prompts * candidates
+    explore_s = (math.ceil(explore_n / explore_batch) * explore_steps * passes
+                 * forward_s(size.image_tokens, explore_batch, gpu_speed) / max(spot_workers, 1))
+    train_s = (math.ceil(samples / micro_batch) * trained_steps * TRAIN_FORWARDS
+               * forward_s(size.image_tokens, micro_batch, gpu_speed) / gpu_workers)
+    fwd = f"forward = {FORWARD_1024_S * 1000:.0f} ms x (tokens/1024)^{TOKEN_EXPONENT} x batch^" \
+          f"{BATCH_EXPONENT} / gpu_speed"
+    return [
+        Estimate("rollout", "gpu", inference_memory_gib(size, rollout_batch, steps, True),
+                 rollout_s, f"{samples} samples x {steps} steps x {passes} passes in batches of "
+                 f"{rollout_batch}, over {gpu_workers} gpu workers; {fwd}"),
+        Estimate("explore", "spot", inference_memory_gib(size, explore_batch, explore_steps,
+                                                         False),
+                 explore_s if spot_workers else 0.0,
+                 f"{explore_n} candidates x {explore_steps} steps x {passes} passes in batches "
+                 f"of {explore_batch}, over {spot_workers} spot workers; runs while gpu trains"),
+        Estimate("train", "gpu", training_memory_gib(size, micro_batch), train_s,
+                 f"{samples} samples x {trained_steps} trained steps x {TRAIN_FORWARDS:g} "
+                 f"forwards in micro-batches of {micro_batch}, over {gpu_workers} gpu workers"),
+    ]

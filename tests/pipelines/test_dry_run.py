@@ -1,0 +1,47 @@
+"""``spotlight run --dry-run``: the sizing table, computed from the config alone."""
+from __future__ import annotations
+
+import re
+
+from spotlight import main
+from spotlight.config import PROJECT_ROOT
+from spotlight.sizing import ModelSize, forward_s, inference_memory_gib
+
+
+def test_the_1280_config_is_sized_from_the_published_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--dry-run", "--config",
+                 str(PROJECT_ROOT / "configs" / "qwen-image-1280.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "transformer 20.43 B params" in out and "6400 image tokens" in out
+    for stage in ("rollout", "explore", "train"):
+        assert re.search(rf"^{stage}\s+8 x (gpu|spot)\s+[\d.]+ GiB\s+[\d.]+$", out, re.M), stage
+    assert re.search(r"total \$\d+\.\d\d", out) and "how:" in out
+    assert list(tmp_path.iterdir()) == []   # no run store, no report: nothing written
+
+
+def test_the_tiny_config_is_sized_from_its_own_components(capsys):
+    assert main(["run", "--dry-run", "--config",
+                 str(PROJECT_ROOT / "configs" / "qwen-image-tiny.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "4 bytes per weight" in out and "32 image tokens" in out   # fp32 on CPU, 16x32
+
+
+def test_estimates_grow_with_the_work():
+    assert forward_s(4096, 1) > forward_s(1024, 1) > 0
+    assert forward_s(1024, 16) < 16 * forward_s(1024, 1)   # batching is sublinear
+    size = ModelSize(transformer=10**9, vae=10**8, text_encoder=10**9, trainable=10**6,
+                     weight_bytes=2, hidden=3072, layers=60, latent_channels=64,
+                     image_tokens=1024)
+    assert inference_memory_gib(size, 4, 10, True) > inference_memory_gib(size, 4, 10, False)
+    assert inference_memory_gib(size, 8, 10, True) > inference_memory_gib(size, 4, 10, True)
+
+
+def test_dry_run_does_not_go_with_resume(capsys):
+    assert main(["run", "--dry-run", "--resume", "file:///nowhere"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+
+
+def test_a_policy_without_a_sizer_says_so(capsys):
+    code = main(["run", "--dry-run", "--config", str(PROJECT_ROOT / "configs" / "digits.yaml")])
+    assert code != 0 and "policy 'digits' cannot size itself" in capsys.readouterr().err
