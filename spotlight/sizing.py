@@ -72,6 +72,26 @@ def training_memory_gib(size: ModelSize, micro_batch: int) -> float:
     return (weights + optimizer + activations) / GIB
 
 
+def explore_seconds(size: ModelSize, prompts: int, candidates: int, steps: int, batch: int,
+                    cfg: bool, spot_workers: int, gpu_speed: float = 1.0) -> float:
+    """Wall seconds to score ``candidates`` seeds of each prompt with ``steps``-step replays."""
+    if not spot_workers:
+        return 0.0
+    passes = 2 if cfg else 1
+    return (math.ceil(prompts * candidates / batch) * steps * passes
+            * forward_s(size.image_tokens, batch, gpu_speed) / spot_workers)
+
+
+def best_fitting_arm(size: ModelSize, arms: list[tuple[int, int]], window_s: float, *,
+                     prompts: int, batch: int, cfg: bool, spot_workers: int,
+                     gpu_speed: float = 1.0) -> tuple[int, int, float] | None:
+    """The (N, M, seconds) arm with the most model evaluations that fits ``window_s``, or None."""
+    fits = [(n, m, explore_seconds(size, prompts, n, m, batch, cfg, spot_workers, gpu_speed))
+            for n, m in arms]
+    fits = [f for f in fits if f[2] <= window_s]
+    return max(fits, key=lambda f: (f[0] * f[1], f[0])) if fits else None
+
+
 def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int, cfg: bool,
                         candidates: int, explore_steps: int, explore_batch: int,
                         micro_batch: int, trained_steps: int, gpu_workers: int,
@@ -83,8 +103,8 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
     rollout_s = (math.ceil(samples / rollout_batch) * steps * passes
                  * forward_s(size.image_tokens, rollout_batch, gpu_speed) / gpu_workers)
     explore_n = prompts * candidates
-    explore_s = (math.ceil(explore_n / explore_batch) * explore_steps * passes
-                 * forward_s(size.image_tokens, explore_batch, gpu_speed) / max(spot_workers, 1))
+    explore_s = explore_seconds(size, prompts, candidates, explore_steps, explore_batch, cfg,
+                                spot_workers, gpu_speed)
     train_s = (math.ceil(samples / micro_batch) * trained_steps * TRAIN_FORWARDS
                * forward_s(size.image_tokens, micro_batch, gpu_speed) / gpu_workers)
     fwd = f"forward = {FORWARD_1024_S * 1000:.0f} ms x (tokens/1024)^{TOKEN_EXPONENT} x batch^" \
@@ -95,7 +115,7 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
                  f"{rollout_batch}, over {gpu_workers} gpu workers; {fwd}"),
         Estimate("explore", "spot", inference_memory_gib(size, explore_batch, explore_steps,
                                                          False),
-                 explore_s if spot_workers else 0.0,
+                 explore_s,
                  f"{explore_n} candidates x {explore_steps} steps x {passes} passes in batches "
                  f"of {explore_batch}, over {spot_workers} spot workers; runs while gpu trains"),
         Estimate("train", "gpu", training_memory_gib(size, micro_batch), train_s,

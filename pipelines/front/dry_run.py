@@ -10,25 +10,55 @@ from __future__ import annotations
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.models.base import model_size
-from spotlight.sizing import Estimate, iteration_estimates
+from spotlight.sizing import Estimate, best_fitting_arm, iteration_estimates
 
 
-def estimates(config: RunConfig, gpu_speed: float = 1.0) -> tuple[list[Estimate], object]:
+def estimates(config: RunConfig, gpu_speed: float = 1.0,
+              arm: tuple[int, int] | None = None) -> tuple[list[Estimate], object]:
+    """The stages' estimates; exploration with ``arm`` = (N, M) if given, else the config's."""
     size = model_size(config)
     grpo, sampler, explore = config.grpo, config.sampler, config.exploration
     trained = max(1, round(grpo.timestep_fraction * (sampler.sde_window_size or sampler.num_steps)))
+    candidates, steps = arm or (explore.candidates, explore.steps or sampler.num_steps)
     rows = iteration_estimates(
         size, prompts=grpo.prompts_per_iteration, group=grpo.group_size,
-        steps=sampler.num_steps, cfg=config.model.true_cfg > 1.0,
-        candidates=explore.candidates, explore_steps=explore.steps or sampler.num_steps,
-        explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
+        steps=sampler.num_steps, cfg=config.model.true_cfg > 1.0, candidates=candidates,
+        explore_steps=steps, explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
         trained_steps=trained, gpu_workers=config.cluster.gpu_workers,
         spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed)
     return rows, size
 
 
+def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
+            ) -> tuple[tuple[int, int] | None, str]:
+    """The planner's (N, M) arm that fits the training window, as it would choose, and a line
+    saying so (None when the planner is off)."""
+    planner, sampler = config.planner, config.sampler
+    if not planner.enabled:
+        return None, "planner off: exploration.candidates every iteration"
+    window = by_stage["train"].seconds + (by_stage["rollout"].seconds
+                                          if config.exploration.window == "iteration" else 0.0)
+    budget = planner.budget_fraction * window
+    arms = [(n, m or sampler.num_steps) for n in planner.candidates for m in planner.steps]
+    best = best_fitting_arm(size, arms, budget, prompts=config.grpo.prompts_per_iteration,
+                            batch=config.exploration.request_batch,
+                            cfg=config.model.true_cfg > 1.0,
+                            spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed)
+    if best is None:
+        return min(arms), (f"planner: no (N, M) arm fits the {budget:.0f} s exploration budget "
+                           f"({planner.budget_fraction:g} x the {window:.0f} s window); shown "
+                           "with its smallest arm -- add spot workers or cheaper arms")
+    n, m, seconds = best
+    return (n, m), (f"planner: explores N={n} candidates x M={m} steps, the largest arm that "
+                    f"fits: {seconds:.0f} s of the {budget:.0f} s budget "
+                    f"({planner.budget_fraction:g} x the {window:.0f} s window)")
+
+
 def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
     rows, size = estimates(config, gpu_speed)
+    arm, plan_line = planned(config, size, {r.stage: r for r in rows}, gpu_speed)
+    if arm is not None:
+        rows, size = estimates(config, gpu_speed, arm)
     by_stage = {r.stage: r for r in rows}
     gpu_s = by_stage["rollout"].seconds + by_stage["train"].seconds
     # Spot workers explore while the gpu workers roll out and train; the iteration waits for
@@ -55,7 +85,7 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
               "per iteration: " + ", ".join(
                   f"{cls} {hours[cls]:.3f} GPU-h ${cost[cls]:.2f} at ${prices[cls]:.2f}/GPU-h"
                   for cls in workers) + f"; total ${sum(cost.values()):.2f}",
-              "", "how:"]
+              plan_line, "", "how:"]
     lines += [f"  {r.stage}: {r.how}" for r in rows]
     lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
               "activations of one block (12 x batch x tokens x width); training activations of "

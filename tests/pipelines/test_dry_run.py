@@ -14,10 +14,26 @@ def test_the_1280_config_is_sized_from_the_published_model(tmp_path, monkeypatch
                  str(PROJECT_ROOT / "configs" / "qwen-image-1280.yaml")]) == 0
     out = capsys.readouterr().out
     assert "transformer 20.43 B params" in out and "6400 image tokens" in out
-    for stage in ("rollout", "explore", "train"):
-        assert re.search(rf"^{stage}\s+8 x (gpu|spot)\s+[\d.]+ GiB\s+[\d.]+$", out, re.M), stage
+    for stage, workers in (("rollout", "8 x gpu"), ("explore", "16 x spot"), ("train", "8 x gpu")):
+        assert re.search(rf"^{stage}\s+{workers}\s+[\d.]+ GiB\s+[\d.]+$", out, re.M), stage
     assert re.search(r"total \$\d+\.\d\d", out) and "how:" in out
+    # The planner's arm that fits the training window is what the explore row shows.
+    n, m = map(int, re.search(r"explores N=(\d+) candidates x M=(\d+) steps", out).groups())
+    assert (n, m) in [(c, s) for c in (24, 32, 48) for s in (18, 16, 24)]
+    assert "exploration fits in it" in out
     assert list(tmp_path.iterdir()) == []   # no run store, no report: nothing written
+
+
+def test_more_spot_workers_let_the_planner_explore_more(tmp_path, capsys):
+    config = str(PROJECT_ROOT / "configs" / "qwen-image-512.yaml")
+    arms = []
+    for spot in (4, 16):
+        assert main(["run", "--dry-run", "--config", config, "--set",
+                     f"cluster.spot_workers={spot}"]) == 0
+        out = capsys.readouterr().out
+        found = re.search(r"explores N=(\d+) candidates x M=(\d+) steps", out)
+        arms.append(int(found.group(1)) * int(found.group(2)) if found else 0)
+    assert arms[1] > arms[0]
 
 
 def test_the_tiny_config_is_sized_from_its_own_components(capsys):
