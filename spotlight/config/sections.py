@@ -104,6 +104,9 @@ class RewardConfig(Validated):
     name: str = spec("ocr", "Registered reward name (see spotlight.rewards.REWARDS).")
     recognizer_epochs: int = spec(30, "Recogniser training epochs.", range=(1, 1000))
     recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
+    ocr_engine: str = spec("rapidocr", "OCR engine of reward 'ocr-text' (real images): 'rapidocr' "
+                           "runs PP-OCR from the models inside its wheel, offline.",
+                           choices=("rapidocr",))
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -13,6 +13,7 @@ from spotlight.rewards.registry import (REWARDS, RewardFn, build_reward, check_r
 # Importing the reward modules registers them; the order fixes the order REWARDS lists them in.
 from spotlight.rewards.ocr import OcrReward, levenshtein, ocr_score  # noqa: E402  isort: skip
 from spotlight.rewards.geneval import GenevalReward, geneval_score  # noqa: E402  isort: skip
+from spotlight.rewards.text_ocr import OcrEngine, TextOcrReward  # noqa: E402  isort: skip
 from spotlight.rewards.detect import (Detection, DetectorSettings, detect,  # noqa: E402
                                       detect_batch, read_string)
 from spotlight.rewards.recognizer import Recognizer, load_or_train_recognizer  # noqa: E402
@@ -21,5 +22,6 @@ __all__ = [
     "REWARDS", "RewardFn", "build_reward", "check_rewards", "register_reward",
     "Detection", "DetectorSettings", "detect", "detect_batch", "read_string",
     "GenevalReward", "geneval_score", "OcrReward", "levenshtein", "ocr_score",
+    "OcrEngine", "TextOcrReward",
     "Recognizer", "load_or_train_recognizer",
 ]
