@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 from spotlight.cache import cache_dir
@@ -146,6 +145,9 @@ def _random_blur(patches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def split_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Stratified 80/20 split of the bundled digits: (train x, train y, held-out x, held-out y)."""
     images, labels = digit_images()
+    # Imported here: scikit-learn costs every worker process two seconds at start-up otherwise.
+    from sklearn.model_selection import train_test_split
+
     tr_x, te_x, tr_y, te_y = train_test_split(images, labels, test_size=0.2, stratify=labels,
                                               random_state=seed)
     return tr_x, tr_y, te_x, te_y

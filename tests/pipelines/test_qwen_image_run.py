@@ -38,3 +38,42 @@ def test_two_spotlight_iterations_on_tiny_qwen_image(tmp_path, capsys):
     assert np.isfinite(rewards["reward"].values).sum() >= 16 + 32
     assert main(["audit", url]) == 0
     assert "explore" in capsys.readouterr().out
+
+
+def test_a_spot_worker_killed_mid_exploration_resumes_from_its_last_committed_step(tmp_path):
+    from pipelines.cluster.dispatch import RequestPool
+    from pipelines.cluster.injector import SpotFleet
+    from pipelines.run import tasks
+    from storage import RunStore
+    from tests.pipelines.test_preemption import REQUEST, explore_spec, wait_until
+
+    config = load_config(PROJECT_ROOT / "configs" / "qwen-image-tiny.yaml",
+                         {"sampler.num_steps": 400})
+    seeds = np.arange(3)
+    with Session.from_config(config, store=str(tmp_path / "run")) as session:
+        store, handle = session.store, session.cluster
+        clean = RequestPool(handle, [explore_spec(session, "clean", seeds)], config.preemption,
+                            store=store)
+        clean.wait(300)
+        reference = clean.close()["r"]
+        fleet = SpotFleet(handle, config.cluster)
+        pool = RequestPool(handle, [explore_spec(session, "chaos", seeds)], config.preemption,
+                           store=store)
+        stage = tasks.stage_name(0, "chaos")
+        for kill in range(2):
+            wait_until(lambda: pool.dispatcher.requests["r"].attempt > kill
+                       and pool.dispatcher.requests["r"].worker, 120, "a new attempt")
+            before = (store.latents.commit_record(stage, REQUEST) or {"step": -1})["step"]
+            wait_until(lambda: (store.latents.commit_record(stage, REQUEST) or {"step": -1})
+                       ["step"] > before, 120, "a committed step")
+            assert not pool.done, "the request finished before it was preempted"
+            assert fleet.preempt(pool._addresses[pool.dispatcher.requests["r"].worker], "kill")
+            fleet.add(1)
+        pool.wait(300)
+        out = pool.close()["r"]
+    assert pool.summary()["preemptions_hard"] == 2
+    np.testing.assert_array_equal(out["rewards"], reference["rewards"])
+    run = RunStore.open(str(tmp_path / "run"), create=False)
+    np.testing.assert_array_equal(np.asarray(run.read_trajectory(stage, REQUEST)),
+                                  np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
+    assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 2
