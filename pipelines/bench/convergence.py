@@ -22,14 +22,15 @@ import torch
 
 from pipelines.bench import machine, register_bench, write_result
 from pipelines.front.session import Session
-from spotlight.config import RunConfig, load_config
+from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
 MODES = ("vanilla", "sync", "spotlight")
-TASK_CONFIGS = {"ocr": "configs/digits.yaml", "geneval": "configs/digits-geneval.yaml"}
+TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
+                "geneval": shipped_config("digits-geneval.yaml")}
 
 
 def base_validation(config: RunConfig) -> float:

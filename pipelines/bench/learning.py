@@ -5,9 +5,10 @@ import time
 
 from pipelines.bench import machine, register_bench
 from pipelines.run.inprocess import InProcessRun
-from spotlight.config import load_config
+from spotlight.config import load_config, shipped_config
 
-TASK_CONFIGS = {"ocr": "configs/digits.yaml", "geneval": "configs/digits-geneval.yaml"}
+TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
+                "geneval": shipped_config("digits-geneval.yaml")}
 
 
 @register_bench("learning")

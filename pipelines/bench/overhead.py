@@ -22,7 +22,7 @@ from pipelines.run import tasks
 from pipelines.bench import machine, register_bench
 from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
-from spotlight.config import RunConfig, load_config
+from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward
@@ -78,7 +78,7 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
         overrides.update({"grpo.prompts_per_iteration": 8, "grpo.group_size": 4,
                           "grpo.micro_batch": 32, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 4})
-    cfg = load_config(config or "configs/digits.yaml", overrides)
+    cfg = load_config(config or shipped_config("digits.yaml"), overrides)
     iterations = iterations or (2 if quick else 8)
     pretrain(cfg)
     build_reward(cfg.reward)

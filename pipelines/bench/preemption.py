@@ -27,7 +27,7 @@ from pipelines.run import tasks
 from pipelines.bench import machine, register_bench
 from pipelines.cluster import SPOT
 from pipelines.front.session import Session
-from spotlight.config import RunConfig, load_config
+from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
 from spotlight.scheduling.traces import load_trace, replay_schedule, scale_to_cap
@@ -233,7 +233,7 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
                           "grpo.micro_batch": 16, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 4})
-    cfg = load_config(config or "configs/digits.yaml", overrides)
+    cfg = load_config(config or shipped_config("digits.yaml"), overrides)
     iterations = iterations or (3 if quick else 6)
     pretrain(cfg)
     build_reward(cfg.reward)

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipelines.bench import machine, register_bench
 from pipelines.front.session import Session
-from spotlight.config import RunConfig, load_config
+from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
 
@@ -79,7 +79,7 @@ def bench_stock_workers(quick: bool = False, config: str | None = None,
         overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
                           "grpo.micro_batch": 16, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 8})
-    cfg = load_config(config or "configs/digits.yaml", overrides)
+    cfg = load_config(config or shipped_config("digits.yaml"), overrides)
     iterations = iterations or (2 if quick else 4)
     rounds = rounds or (1 if quick else 2)
     pretrain(cfg)

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from pipelines.bench import machine, register_bench
-from spotlight.config import load_config
+from spotlight.config import load_config, shipped_config
 from storage import LatentSink, RunStore, StorageConfig
 
-DEFAULT_CONFIG = "configs/digits.yaml"
+DEFAULT_CONFIG = shipped_config("digits.yaml")
 STAGE = "iter-0/rollout"
 BUCKET = "spotlight-bench"
 _S3_ENV = {

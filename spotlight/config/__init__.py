@@ -37,6 +37,13 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def shipped_config(name: str) -> str:
+    """A config shipped in ``configs/``: the working directory's copy if it has one, else the
+    project's (so benchmarks and defaults work from any folder)."""
+    relative = Path("configs") / name
+    return str(relative) if relative.is_file() else str(PROJECT_ROOT / relative)
 # Rewards built into the digits world, by the task they score.
 REWARD_TASKS = {"ocr": "ocr", "geneval": "geneval"}
 
