@@ -13,10 +13,9 @@ from spotlight.models.base import model_size
 from spotlight.sizing import Estimate, best_fitting_arm, iteration_estimates
 
 
-def estimates(config: RunConfig, gpu_speed: float = 1.0,
-              arm: tuple[int, int] | None = None) -> tuple[list[Estimate], object]:
+def estimates(config: RunConfig, size, gpu_speed: float = 1.0,
+              arm: tuple[int, int] | None = None) -> list[Estimate]:
     """The stages' estimates; exploration with ``arm`` = (N, M) if given, else the config's."""
-    size = model_size(config)
     grpo, sampler, explore = config.grpo, config.sampler, config.exploration
     trained = max(1, round(grpo.timestep_fraction * (sampler.sde_window_size or sampler.num_steps)))
     candidates, steps = arm or (explore.candidates, explore.steps or sampler.num_steps)
@@ -26,7 +25,7 @@ def estimates(config: RunConfig, gpu_speed: float = 1.0,
         explore_steps=steps, explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
         trained_steps=trained, gpu_workers=config.cluster.gpu_workers,
         spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed)
-    return rows, size
+    return rows
 
 
 def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
@@ -55,10 +54,11 @@ def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
 
 
 def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
-    rows, size = estimates(config, gpu_speed)
+    size = model_size(config)   # builds the components on the meta device: once
+    rows = estimates(config, size, gpu_speed)
     arm, plan_line = planned(config, size, {r.stage: r for r in rows}, gpu_speed)
     if arm is not None:
-        rows, size = estimates(config, gpu_speed, arm)
+        rows = estimates(config, size, gpu_speed, arm)
     by_stage = {r.stage: r for r in rows}
     gpu_s = by_stage["rollout"].seconds + by_stage["train"].seconds
     # Spot workers explore while the gpu workers roll out and train; the iteration waits for

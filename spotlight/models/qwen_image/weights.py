@@ -21,7 +21,7 @@ import torch
 # Component folder -> the file that shows it is there (what save_pretrained writes first).
 REQUIRED = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
             "tokenizer": "tokenizer_config.json"}
-CHECKSUMS = ".spotlight-sha256.json"   # sha256 of every file of a cached copy
+CHECKSUMS = ".spotlight-sha256.json"   # sha256 and size of every file of a cached copy
 TINY = "tiny"
 TINY_VERSION = 2                       # bump when the tiny components change
 
@@ -117,7 +117,9 @@ def _tiny_folder() -> Path:
 
 
 def _cached_copy(url: str) -> Path:
-    """``url`` copied once into the cache and checksummed; later calls check the copy."""
+    """``url`` copied once into the cache and checksummed; later calls check that every file
+    is there at its recorded size (re-hashing tens of GB at every worker start would cost
+    minutes)."""
     import fsspec
 
     key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
@@ -133,19 +135,19 @@ def _cached_copy(url: str) -> Path:
     copying = Path(tempfile.mkdtemp(prefix=key + ".", dir=folder.parent))
     fs.get(path.rstrip("/") + "/", str(copying), recursive=True)
     check_folder(copying, url)
-    sums = {str(p.relative_to(copying)): _sha256(p) for p in sorted(copying.rglob("*"))
-            if p.is_file()}
+    sums = {str(p.relative_to(copying)): {"sha256": _sha256(p), "size": p.stat().st_size}
+            for p in sorted(copying.rglob("*")) if p.is_file()}
     (copying / CHECKSUMS).write_text(json.dumps({"url": url, "files": sums}, indent=1))
     _publish(copying, folder)
     return folder
 
 
 def _verify(folder: Path, url: str) -> None:
-    """Every file of a cached copy still has its recorded size and checksum."""
+    """Every file of a cached copy is still there at its recorded size."""
     record = json.loads((folder / CHECKSUMS).read_text())
-    for name, digest in record["files"].items():
+    for name, entry in record["files"].items():
         path = folder / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or path.stat().st_size != entry["size"]:
             raise WeightsError(f"the cached copy of {url!r} at {folder} is damaged ({name}); "
                                "delete that folder and run again to copy it afresh")
 
