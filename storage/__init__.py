@@ -16,13 +16,14 @@ from .errors import (CorruptObjectError, NotCommittedError, SinkClosedError, Sto
                      StoragePermanentError, StorageUnavailableError)
 from .latents import LatentStreams, ResumePoint
 from .manifest import Manifest, iteration_dir, stage_iteration, stage_key
+from .prompts import PromptEmbeddings
 from .rewards import RewardTable
 from .run import RunStore
 from .sink import LatentSink
 
 __all__ = [
     "Checkpoint", "CheckpointStore", "CorruptObjectError", "LatentSink", "LatentStreams",
-    "Manifest", "NotCommittedError", "ResumePoint", "RewardTable", "RunStore", "SinkClosedError",
+    "Manifest", "NotCommittedError", "PromptEmbeddings", "ResumePoint", "RewardTable", "RunStore", "SinkClosedError",
     "StorageConfig", "StorageError", "StoragePermanentError", "StorageUnavailableError", "iteration_dir",
     "stage_iteration", "stage_key",
 ]

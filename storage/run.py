@@ -9,6 +9,7 @@ from .config import StorageConfig
 from .errors import NotCommittedError
 from .latents import LatentStreams, ResumePoint
 from .manifest import Manifest, stage_key
+from .prompts import PromptEmbeddings
 from .rewards import RewardTable
 from .sink import LatentSink
 from .urls import RunLocation, check_reachable, open_location
@@ -28,6 +29,7 @@ class RunStore:
         self.latents = LatentStreams(location)
         self.rewards = RewardTable(location)
         self.checkpoints = CheckpointStore(location, self.manifest)
+        self.prompts = PromptEmbeddings(location)
 
     @classmethod
     def open(cls, target: str | StorageConfig | None = None, *, create: bool = True,

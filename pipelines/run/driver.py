@@ -31,6 +31,7 @@ from pipelines.run.state import IterationResult, IterationState
 from spotlight.config import RunConfig
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection
+from spotlight.models.base import stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
@@ -172,6 +173,8 @@ class Driver:
                             spotlight=self.mode == "spotlight",
                             explores=explore_next and self.mode == "spotlight")
         it.selection = self.exploration.seeds_for(k)
+        if stores_prompts(self.config):
+            self._embed_prompts(k, it.prompts + (self.prompts(k + 1) if it.explores else []))
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
         audit_done = self.log.done(k, "audit")
@@ -179,6 +182,12 @@ class Driver:
         if it.explores and self.config.exploration.window == "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
         return it
+
+    def _embed_prompts(self, k: int, prompts: list[Prompt]) -> None:
+        """The prompt embeddings this iteration's workers read, into the run store first."""
+        texts = [p.text for p in prompts] + [p.text for p in self.val_prompts]
+        self._result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
+                                 resource=GPU, name="embed"), f"prompt embeddings of iteration {k}")
 
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k

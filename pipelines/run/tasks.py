@@ -20,11 +20,11 @@ import torch
 
 from pipelines.cluster.preemption import StopAtStep, check_notice
 from spotlight.config import RunConfig, config_hash
-from spotlight.models.base import Policy, build_policy
+from spotlight.models.base import Policy, build_policy, stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import group_advantages
-from spotlight.rl.sampler import (Trajectory, initial_latents, sample, sigma_schedule, step_grid,
+from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
                                   trainable_steps, transition_distribution)
 from spotlight.rl.sde import gaussian_log_prob
 from spotlight.rl.trainer import FlowGRPO, Rollout, sample_keys
@@ -118,6 +118,8 @@ class WorkerContext:
         torch.set_num_threads(config.cluster.threads_per_worker)
         self.config, self.store = config, store
         self.policy: Policy = build_policy(config)   # the model named in model.policy
+        if stores_prompts(config):   # embeddings from the run store: no text encoder here
+            self.policy.use_prompt_store(store.prompts.get, store.prompts.put)
         self.version: int | None = None
         self.reward_fn = build_reward(config.reward)
         self.trainer: FlowGRPO | None = None
@@ -161,7 +163,8 @@ class WorkerContext:
             latents = latents.transpose(0, 1).contiguous()   # stored (step, batch, ...)
         sampler = self.config.sampler
         traj = Trajectory(latents.float(), torch.from_numpy(arrays["log_probs"]).float(),
-                          sigma_schedule(sampler.num_steps, sampler.shift), trainable_steps(sampler))
+                          step_grid(sampler, schedule=schedule_of(self.policy, sampler)).sigmas,
+                          trainable_steps(sampler))
         return RolloutOutput(iteration, traj, {})
 
 
@@ -198,6 +201,18 @@ def warm_up_task(config: RunConfig, store: RunStore, version: int) -> dict:
     return task_record("warm-up", max(version - 1, 0), start, version)
 
 
+def embed_prompts_task(config: RunConfig, store: RunStore, iteration: int,
+                       prompts: list[str]) -> dict:
+    """Put the embeddings of ``prompts`` the run store lacks into it (on a gpu worker, before
+    the iteration's rollout and exploration), so spot workers never load the text encoder."""
+    start = time.time()
+    ctx = context(config, store)
+    with ctx.lock:
+        for prompt in dict.fromkeys(prompts):
+            ctx.policy.prompt_embedding(prompt)   # remembered, else read, else computed + saved
+    return task_record("embed", iteration, start, ctx.version or 0, prompts=len(prompts))
+
+
 def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, keys, stage: str,
                      request: str, version: int, num_steps: int | None = None,
                      progress: dict | None = None) -> Trajectory:
@@ -226,7 +241,7 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
     if progress is not None:
         progress.update(resumed_from=start, first_step_at=None)
         check_notice(start)   # noticed before it began: hand it back untouched
-    labels = _latent_labels(config, prompts, seeds, steps, version)
+    labels = _latent_labels(config, prompts, seeds, steps, version, ctx.policy)
     with ctx.store.latent_sink(stage) as sink:
         def commit(step: int, x: torch.Tensor) -> None:
             sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version,
@@ -253,11 +268,12 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
 
 
 def _latent_labels(config: RunConfig, prompts: list[str], seeds: np.ndarray, steps: int,
-                   version: int) -> Labels:
+                   version: int, policy: Policy) -> Labels:
     """What a stored request's latents are: per sample its prompt and seed, per step its σ."""
     return Labels(("sample", "token", "channel"), {
         "prompt": ("sample", list(prompts)), "seed": ("sample", np.asarray(seeds).reshape(-1)),
-        "sigma": ("step", step_grid(config.sampler, steps).sigmas.double().numpy()),
+        "sigma": ("step", step_grid(config.sampler, steps, schedule=schedule_of(
+            policy, config.sampler)).sigmas.double().numpy()),
         "weights_version": ("", np.int64(version))})
 
 
@@ -399,6 +415,7 @@ def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) ->
             "rewards": rewards,
             "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
                                   chunk=chunk, samples=len(seeds), steps=steps, request=name,
+                                  text_encoder=bool(getattr(policy, "text_encoder_loaded", False)),
                                   **progress)}
 
 

@@ -72,9 +72,11 @@ class ModelConfig(Validated):
                        range=(0, 4096))
     width: int = spec(0, "Image width (policy 'qwen-image'); 0 = world.canvas_width.",
                       range=(0, 4096))
-    true_cfg: float = spec(1.0, "True classifier-free guidance scale as sizing assumes it (two "
-                           "passes per step above 1; the sampler does not apply it yet).",
+    true_cfg: float = spec(1.0, "True classifier-free guidance scale (policy 'qwen-image'): above "
+                           "1 every step runs the transformer twice, on the prompt and on "
+                           "model.negative_prompt, and combines them as QwenImagePipeline does.",
                            range=(1.0, 20.0))
+    negative_prompt: str = spec(" ", "The negative prompt of true CFG (model.true_cfg > 1).")
 
     def validate(self) -> None:
         if self.policy == "qwen-image" and not self.weights:
@@ -124,6 +126,10 @@ class SamplerConfig(Validated):
                                 "steps decide which digit goes where; late ones only render it.",
                                 range=(0, 1000))
     shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).", range=(0.1, 20.0))
+    schedule: str = spec("shift", "Sigma schedule: 'shift' = linspace(1, 0) time-shifted by "
+                         "sampler.shift; 'model' = the policy's own (qwen-image: its weights' "
+                         "FlowMatchEulerDiscreteScheduler with the resolution's dynamic shift, as "
+                         "QwenImagePipeline sets it).", choices=("shift", "model"))
 
     def validate(self) -> None:
         if self.sde_window_start >= self.num_steps:

@@ -58,6 +58,13 @@ class Policy(Protocol):
     def train(self, mode: bool = True) -> Any:
         ...
 
+    # Optional, for policies whose prompt conditioning is costly (a large text encoder): those
+    # registered with ``prompt_store=True`` implement
+    #   use_prompt_store(lookup, save)  read embeddings through ``lookup(prompt)`` (None: not
+    #                                   stored), ``save(prompt, array)`` each one computed;
+    #   text_encoder_loaded             whether this process has loaded the text encoder.
+    # And with ``sampler.schedule: model``: sigma_schedule(num_steps) -> num_steps + 1 sigmas.
+
     def eval(self) -> Any:
         ...
 
@@ -68,6 +75,8 @@ POLICIES: dict[str, PolicyBuilder] = {}
 """Registered policy builders by name (``model.policy``)."""
 BASES: dict[str, BaseBuilder] = {}
 """How each registered policy gets its base weights (checkpoint 0 of a run)."""
+PROMPT_STORE: set[str] = set()
+"""Policies whose prompt embeddings are kept in the run store (computed once, on a gpu worker)."""
 SIZERS: dict[str, Callable[[Any], Any]] = {}
 """RunConfig -> spotlight.sizing.ModelSize, without loading weights (``--dry-run``)."""
 
@@ -77,14 +86,18 @@ _SHIPPED = {"digits": "spotlight.models.policy",
             "qwen-image": "spotlight.models.qwen_image.policy"}
 
 
-def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
-    """Decorator: ``build_policy`` calls the builder with the run config for ``model.policy``."""
+def register_policy(name: str, *, prompt_store: bool = False
+                    ) -> Callable[[PolicyBuilder], PolicyBuilder]:
+    """Decorator: ``build_policy`` calls the builder with the run config for ``model.policy``.
+    ``prompt_store``: the policy's prompt embeddings go to the run store (see ``Policy``)."""
 
     def add(builder: PolicyBuilder) -> PolicyBuilder:
         if name in POLICIES and POLICIES[name] is not builder:
             raise ValueError(f"policy '{name}' is registered twice ({POLICIES[name]!r} and "
                              f"{builder!r}); pick another name")
         POLICIES[name] = builder
+        if prompt_store:
+            PROMPT_STORE.add(name)
         return builder
 
     return add
@@ -130,6 +143,12 @@ def _registered(name: str) -> None:
         raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
                          f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "
                          "@register_policy")
+
+
+def stores_prompts(config: Any) -> bool:
+    """Whether ``config``'s policy keeps its prompt embeddings in the run store."""
+    _registered(config.model.policy)
+    return config.model.policy in PROMPT_STORE
 
 
 def build_policy(config: Any) -> Policy:

@@ -65,7 +65,24 @@ class StepGrid:
     trainable: list[int]
 
 
-def step_grid(config: SamplerConfig, num_steps: int | None = None, mode: str = "sde") -> StepGrid:
+Schedule = Callable[[int], torch.Tensor]
+"""num_steps -> the num_steps + 1 sigmas, from 1 down to 0, a full grid runs through."""
+
+
+def schedule_of(policy, config: SamplerConfig) -> Schedule:
+    """``sampler.schedule``: the policy's own sigmas ('model'), else the shifted linear grid."""
+    if config.schedule == "model":
+        own = getattr(policy, "sigma_schedule", None)
+        if own is None:
+            raise ValueError(f"sampler.schedule = 'model', but the policy "
+                             f"{type(policy).__name__} has no sigma schedule of its own; use "
+                             "sampler.schedule: shift")
+        return own
+    return lambda steps: sigma_schedule(steps, config.shift)
+
+
+def step_grid(config: SamplerConfig, num_steps: int | None = None, mode: str = "sde",
+              schedule: Schedule | None = None) -> StepGrid:
     """The rollout's grid, or a replay of it in ``num_steps`` model evaluations.
 
     A shorter replay keeps the rollout's sigmas and noise through the SDE window -- everything a
@@ -82,7 +99,7 @@ def step_grid(config: SamplerConfig, num_steps: int | None = None, mode: str = "
         config = SamplerConfig(**{**config.__dict__, "num_steps": steps,
                                   "sde_window_start": min(config.sde_window_start, steps - 1),
                                   "sde_window_size": min(config.sde_window_size, steps)})
-    sigmas = sigma_schedule(config.num_steps, config.shift)
+    sigmas = (schedule or schedule_of(None, config))(config.num_steps)
     kinds = step_kinds(config) if mode == "sde" else ["ode"] * config.num_steps
     trainable = trainable_steps(config, mode)
     if compressed_tail:   # the rollout's grid through the window, fewer ODE steps after it
@@ -109,7 +126,7 @@ def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerCon
     """
     if len(prompts) != len(keys):
         raise ValueError(f"sample: {len(prompts)} prompts but {len(keys)} sample keys")
-    grid = step_grid(config, num_steps, mode)
+    grid = step_grid(config, num_steps, mode, schedule_of(policy, config))
     sigmas, kinds = grid.sigmas, grid.kinds
     steps = len(kinds)
     x = initial_latents(keys, policy.tokens_shape) if start_latents is None else start_latents.float()

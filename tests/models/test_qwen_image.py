@@ -61,9 +61,51 @@ def test_prompt_embeddings_match_the_stock_pipeline(tiny_folder):
     pipe = QwenImagePipeline(None, policy.vae, policy.text_encoder, policy.tokenizer,
                              policy.transformer)
     embeds, mask = pipe.encode_prompt(PROMPTS, device="cpu")
-    mine, my_mask = policy.encode(PROMPTS)
-    assert torch.equal(my_mask, mask.long())
-    torch.testing.assert_close(mine, embeds.float())
+    mine = policy.encode(PROMPTS)
+    assert torch.equal(mine.mask, mask.long()) and mine.negative is None
+    torch.testing.assert_close(mine.embedding, embeds.float())
+
+
+def test_denoising_with_true_cfg_and_the_model_schedule_matches_the_stock_pipeline(tiny_folder):
+    """An ODE pass of our sampler (sampler.schedule 'model', true CFG 4 with the negative prompt
+    ' ') lands on the latents QwenImagePipeline produces from the same start."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    from spotlight.config.sections import SamplerConfig
+    from spotlight.rl.noise import SampleKey
+    from spotlight.rl.sampler import sample
+
+    policy = _policy(tiny_folder, lora_rank=0, true_cfg=4.0)
+    start = torch.randn(1, *policy.tokens_shape, generator=torch.Generator().manual_seed(3))
+    pipe = QwenImagePipeline(FlowMatchEulerDiscreteScheduler.from_pretrained(
+        tiny_folder / "scheduler"), policy.vae, policy.text_encoder, policy.tokenizer,
+        policy.transformer)
+    theirs = pipe(prompt=PROMPTS[0], negative_prompt=" ", true_cfg_scale=4.0, height=16,
+                  width=32, num_inference_steps=3, latents=start.clone(),
+                  output_type="latent").images
+    config = SamplerConfig(num_steps=3, schedule="model")
+    mine = sample(policy, PROMPTS[:1], [SampleKey(0, 0, 0)], config, mode="ode",
+                  start_latents=start)
+    torch.testing.assert_close(mine.sigmas, pipe.scheduler.sigmas.float())
+    assert mine.sigmas[1] != torch.linspace(1, 0, 4)[1]   # the dynamic shift moved it
+    torch.testing.assert_close(mine.final, theirs.float(), rtol=1e-4, atol=1e-5)
+    plain = sample(_policy(tiny_folder, lora_rank=0), PROMPTS[:1], [SampleKey(0, 0, 0)],
+                   config, mode="ode", start_latents=start)
+    assert not torch.allclose(plain.final, mine.final)   # guidance changed the result
+
+
+def test_stored_prompt_embeddings_spare_the_text_encoder(tiny_folder):
+    store: dict[str, np.ndarray] = {}
+    writer = _policy(tiny_folder)
+    writer.use_prompt_store(store.get, store.__setitem__)
+    x, v = _velocity(writer)
+    assert writer.text_encoder_loaded and set(store) == set(PROMPTS)
+    reader = QwenImagePolicy(load_components(str(tiny_folder), torch.float32, text_encoder=False),
+                             ModelConfig(policy="qwen-image", weights=str(tiny_folder)), 16, 32)
+    reader.load_state_dict(writer.state_dict())
+    reader.use_prompt_store(store.get)
+    assert torch.equal(reader.velocity(x, torch.tensor([0.6]), reader.encode(PROMPTS)), v)
+    assert not reader.text_encoder_loaded
 
 
 def test_lora_trains_only_the_adapter_and_the_reference_stays_the_base(tiny_folder):

@@ -31,6 +31,9 @@ def test_two_spotlight_iterations_on_tiny_qwen_image(tmp_path, capsys):
     explores = [t for t in tasks if t["stage"] == "explore"]
     assert explores and {(t["iteration"], t["weights_version"]) for t in explores} == {(1, 0)}
     assert all(t["worker"].startswith("spot-") for t in explores)
+    # Prompt embeddings came from the run store: the spot worker never loaded the text encoder.
+    assert not any(t["text_encoder"] for t in explores)
+    assert all(store.prompts.has(p.text) for p in session.driver.prompts(1))
     assert all(t["worker"].startswith("gpu-") for t in tasks if t["stage"] in ("rollout", "train"))
     batch = xr.open_zarr(url + "/iter-000001/rollout.zarr/latents/batch")
     assert batch["latent"].shape == (config.sampler.num_steps + 1, 8, 32, 64)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -23,16 +23,19 @@ from torch import nn
 
 from spotlight.models.base import register_base, register_policy
 from spotlight.models.qwen_image import sizing  # noqa: F401  (registers the --dry-run sizer)
-from spotlight.models.qwen_image.weights import Components, load_components, resolve_dtype
+from spotlight.models.qwen_image.weights import (Components, load_components, resolve_dtype,
+                                                 scheduler_sigmas)
 
 PREFIX = "transformer."   # diffusers' LoRA state-dict prefix for the transformer's adapter
 
 
-@register_policy("qwen-image")
+@register_policy("qwen-image", prompt_store=True)
 def qwen_image_policy(config) -> "QwenImagePolicy":
     """``model.policy: qwen-image``: the components of ``model.weights``, adapter freshly
-    initialised (a checkpoint's state then replaces it)."""
-    components = load_components(config.model.weights, resolve_dtype(config.model.dtype))
+    initialised (a checkpoint's state then replaces it). The text encoder is loaded only when a
+    prompt is not in the prompt store (see :meth:`QwenImagePolicy.use_prompt_store`)."""
+    components = load_components(config.model.weights, resolve_dtype(config.model.dtype),
+                                 text_encoder=False)
     return QwenImagePolicy(components, config.model, *image_size(config))
 
 
@@ -57,13 +60,17 @@ class QwenImagePolicy(nn.Module):
         self.vae_scale = 2 ** len(components.vae.temperal_downsample)
         _check_resolution(height, width, self.vae_scale)
         self.transformer, self.vae = components.transformer, components.vae
-        self.text_encoder, self.tokenizer = components.text_encoder, components.tokenizer
-        for module in (self.transformer, self.vae, self.text_encoder):
+        self.components = components
+        for module in (self.transformer, self.vae):
             module.requires_grad_(False)
         self.lora = model_config.lora_rank > 0
         if self.lora:
             _add_lora(self.transformer, model_config)
+        self.true_cfg, self.negative_prompt = model_config.true_cfg, model_config.negative_prompt
         self._prompt_cache: dict[str, torch.Tensor] = {}
+        self._prompt_store: Callable[[str], np.ndarray | None] | None = None
+        self._prompt_save: Callable[[str, np.ndarray], None] | None = None
+        self._sigmas: dict[int, torch.Tensor] = {}
 
     # --- shapes ----------------------------------------------------------------------------
     @property
@@ -76,42 +83,88 @@ class QwenImagePolicy(nn.Module):
         return (h // 2) * (w // 2), self.vae.config.z_dim * 4
 
     # --- prompts ---------------------------------------------------------------------------
+    @property
+    def text_encoder_loaded(self) -> bool:
+        return self.components.text_encoder is not None
+
+    @property
+    def text_encoder(self) -> nn.Module:
+        self.components.load_text_encoder()
+        return self.components.text_encoder
+
+    @property
+    def tokenizer(self) -> Any:
+        self.components.load_text_encoder()
+        return self.components.tokenizer
+
+    def use_prompt_store(self, lookup: Callable[[str], np.ndarray | None],
+                         save: Callable[[str, np.ndarray], None] | None = None) -> None:
+        """Read prompt embeddings through ``lookup`` (prompt -> (tokens, dim) array, or None)
+        before computing one, and ``save`` each one computed: a worker whose prompts are all
+        stored never loads the text encoder."""
+        self._prompt_store, self._prompt_save = lookup, save
+
     @torch.no_grad()
-    def prompt_embedding(self, prompt: str) -> torch.Tensor:
-        """(tokens, dim) embedding of one prompt, as ``QwenImagePipeline.encode_prompt``
+    def embed_prompt(self, prompt: str) -> np.ndarray:
+        """(tokens, dim) float32 embedding of one prompt, as ``QwenImagePipeline.encode_prompt``
         computes it (template, text encoder's last hidden state, template prefix dropped)."""
         from spotlight.models.qwen_image.tiny import PROMPT_TEMPLATE, TEMPLATE_DROP
 
+        self.components.load_text_encoder()
+        tokenizer, encoder = self.components.tokenizer, self.components.text_encoder
+        tokens = tokenizer([PROMPT_TEMPLATE.format(prompt)], return_tensors="pt",
+                           truncation=True, max_length=1024 + TEMPLATE_DROP)
+        out = encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+                      output_hidden_states=True)
+        return out.hidden_states[-1][0, TEMPLATE_DROP:].float().numpy()
+
+    def prompt_embedding(self, prompt: str) -> torch.Tensor:
+        """One prompt's embedding: remembered, else from the prompt store, else computed."""
         cached = self._prompt_cache.get(prompt)
         if cached is None:
-            tokens = self.tokenizer([PROMPT_TEMPLATE.format(prompt)], return_tensors="pt",
-                                    truncation=True, max_length=1024 + TEMPLATE_DROP)
-            out = self.text_encoder(input_ids=tokens.input_ids,
-                                    attention_mask=tokens.attention_mask,
-                                    output_hidden_states=True)
-            cached = out.hidden_states[-1][0, TEMPLATE_DROP:].float()
-            self._prompt_cache[prompt] = cached
+            stored = self._prompt_store(prompt) if self._prompt_store is not None else None
+            if stored is None:
+                stored = self.embed_prompt(prompt)
+                if self._prompt_save is not None:
+                    self._prompt_save(prompt, stored)
+            cached = self._prompt_cache[prompt] = torch.from_numpy(np.asarray(stored, np.float32))
         return cached
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded prompt embeddings (B, T, dim) and their mask (B, T)."""
-        embs = [self.prompt_embedding(p) for p in prompts]
-        length = max(e.shape[0] for e in embs)
-        dtype = next(self.transformer.parameters()).dtype
-        out = torch.zeros(len(embs), length, embs[0].shape[1], dtype=dtype)
-        mask = torch.zeros(len(embs), length, dtype=torch.long)
-        for i, e in enumerate(embs):
-            out[i, :e.shape[0]], mask[i, :e.shape[0]] = e.to(dtype), 1
-        return out, mask
+    def encode(self, prompts: list[str]) -> "Conditioning":
+        """Padded prompt embeddings and masks; with true CFG also the negative prompt's."""
+        negative = (_pad([self.prompt_embedding(self.negative_prompt)] * len(prompts),
+                         self._dtype) if self.true_cfg > 1 else None)
+        return Conditioning(*_pad([self.prompt_embedding(p) for p in prompts], self._dtype),
+                            negative)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    def sigma_schedule(self, num_steps: int) -> torch.Tensor:
+        """The pipeline's sigmas for ``num_steps`` at this resolution (``sampler.schedule:
+        model``): the weights' FlowMatchEulerDiscreteScheduler with its dynamic shift."""
+        if num_steps not in self._sigmas:
+            self._sigmas[num_steps] = scheduler_sigmas(self.components.folder, num_steps,
+                                                       self.tokens_shape[0])
+        return self._sigmas[num_steps].clone()
 
     # --- denoising -------------------------------------------------------------------------
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor,
-                 text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        emb, mask = text
+                 text: "Conditioning") -> torch.Tensor:
+        """The transformer's velocity; with true CFG the pipeline's guided, norm-rescaled one."""
+        cond = self._transformer_velocity(latents, sigma, text.embedding, text.mask)
+        if text.negative is None:
+            return cond
+        uncond = self._transformer_velocity(latents, sigma, *text.negative)
+        return guided_velocity(cond, uncond, self.true_cfg)
+
+    def _transformer_velocity(self, latents: torch.Tensor, sigma: torch.Tensor,
+                              embedding: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h, w = self.latent_hw
-        dtype = next(self.transformer.parameters()).dtype
+        dtype = self._dtype
         out = self.transformer(
-            hidden_states=latents.to(dtype), encoder_hidden_states=emb,
+            hidden_states=latents.to(dtype), encoder_hidden_states=embedding,
             encoder_hidden_states_mask=mask,
             timestep=sigma.expand(latents.shape[0]).to(dtype),
             img_shapes=[[(1, h // 2, w // 2)]] * latents.shape[0], return_dict=False)[0]
@@ -178,12 +231,37 @@ class _AdapterOff:
     def __init__(self, policy: QwenImagePolicy) -> None:
         self.policy = policy
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, prompts: list[str]) -> "Conditioning":
         return self.policy.encode(prompts)
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, text: Any) -> torch.Tensor:
         with adapter_disabled(self.policy.transformer):
             return self.policy.velocity(latents, sigma, text)
+
+
+class Conditioning(NamedTuple):
+    """What ``encode`` gives ``velocity``: padded embeddings (B, T, dim), their mask (B, T), and
+    with true CFG the negative prompt's (embedding, mask)."""
+
+    embedding: torch.Tensor
+    mask: torch.Tensor
+    negative: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _pad(embeddings: list[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(e.shape[0] for e in embeddings)
+    out = torch.zeros(len(embeddings), length, embeddings[0].shape[1], dtype=dtype)
+    mask = torch.zeros(len(embeddings), length, dtype=torch.long)
+    for i, e in enumerate(embeddings):
+        out[i, :e.shape[0]], mask[i, :e.shape[0]] = e.to(dtype), 1
+    return out, mask
+
+
+def guided_velocity(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """QwenImagePipeline's true CFG: uncond + scale (cond - uncond), rescaled per token to the
+    conditional prediction's norm."""
+    combined = uncond + scale * (cond - uncond)
+    return combined * (cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
 
 @contextmanager

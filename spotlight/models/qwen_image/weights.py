@@ -20,7 +20,7 @@ import torch
 
 # Component folder -> the file that shows it is there (what save_pretrained writes first).
 REQUIRED = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
-            "tokenizer": "tokenizer_config.json"}
+            "tokenizer": "tokenizer_config.json", "scheduler": "scheduler_config.json"}
 CHECKSUMS = ".spotlight-sha256.json"   # sha256 and size of every file of a cached copy
 TINY = "tiny"
 TINY_VERSION = 2                       # bump when the tiny components change
@@ -32,11 +32,19 @@ class WeightsError(ValueError):
 
 @dataclass
 class Components:
+    """The loaded components; the text encoder and tokenizer are ``None`` until needed (a worker
+    that reads prompt embeddings from the run store never loads them)."""
+
     transformer: Any
     vae: Any
-    text_encoder: Any
-    tokenizer: Any
     folder: Path
+    dtype: torch.dtype
+    text_encoder: Any = None
+    tokenizer: Any = None
+
+    def load_text_encoder(self) -> None:
+        if self.text_encoder is None:
+            self.text_encoder, self.tokenizer = load_text_encoder(self.folder, self.dtype)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -83,23 +91,49 @@ def check_folder(folder: Path, named: str) -> None:
                            f"folder holds {sorted(REQUIRED)} as save_pretrained writes them")
 
 
-def load_components(weights: str, dtype: torch.dtype) -> Components:
-    """Every component of ``weights`` through diffusers' and transformers' ``from_pretrained``."""
+def load_components(weights: str, dtype: torch.dtype, text_encoder: bool = True) -> Components:
+    """The components of ``weights`` through diffusers' and transformers' ``from_pretrained``;
+    without ``text_encoder`` the text encoder and tokenizer wait for
+    :meth:`Components.load_text_encoder`."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
     from transformers.utils import logging as transformers_logging
 
     folder = local_folder(weights)
     transformers_logging.disable_progress_bar()   # one bar per worker and component otherwise
-    return Components(
+    components = Components(
         transformer=QwenImageTransformer2DModel.from_pretrained(folder / "transformer",
                                                                 torch_dtype=dtype),
         vae=AutoencoderKLQwenImage.from_pretrained(folder / "vae", torch_dtype=dtype),
-        text_encoder=Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            folder / "text_encoder", dtype=dtype).eval(),
-        tokenizer=AutoTokenizer.from_pretrained(folder / "tokenizer"),
-        folder=folder)
+        folder=folder, dtype=dtype)
+    if text_encoder:
+        components.load_text_encoder()
+    return components
+
+
+def load_text_encoder(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The Qwen2.5-VL text encoder (eval mode) and its tokenizer from a weights folder."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder / "text_encoder",
+                                                                 dtype=dtype).eval()
+    return encoder, AutoTokenizer.from_pretrained(folder / "tokenizer")
+
+
+def scheduler_sigmas(folder: Path, num_steps: int, image_tokens: int) -> torch.Tensor:
+    """The ``num_steps + 1`` sigmas ``QwenImagePipeline`` denoises through: linspace(1, 1/N, N)
+    set on the folder's ``FlowMatchEulerDiscreteScheduler`` with the resolution's dynamic shift
+    ``mu`` (and its terminal stretch, if configured), then the final 0."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(folder / "scheduler")
+    cfg = scheduler.config
+    mu = calculate_shift(image_tokens, cfg.get("base_image_seq_len", 256),
+                         cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5),
+                         cfg.get("max_shift", 1.15))
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1.0 / num_steps, num_steps), mu=mu)
+    return scheduler.sigmas.detach().float().cpu()
 
 
 def _tiny_folder() -> Path:
