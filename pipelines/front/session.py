@@ -24,7 +24,7 @@ from pipelines.cluster.preemption import preemption_watch
 from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
-from spotlight.models.base import base_policy
+from spotlight.models.base import base_policy, check_policy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
@@ -79,6 +79,7 @@ class Session:
         url = store if isinstance(store, RunStore) else (store or config.store or
                                                          default_store_url(config))
         _refuse_existing_run(url)
+        check_policy(config)   # weights, dtype, resolution, adapter: before any worker starts
         cluster, mode = _cluster_for(config, client)   # a wrong address fails before pretraining
         try:
             base = base_policy(config, progress=progress)   # digits: pretrained, cached

@@ -77,6 +77,8 @@ BASES: dict[str, BaseBuilder] = {}
 """How each registered policy gets its base weights (checkpoint 0 of a run)."""
 PROMPT_STORE: set[str] = set()
 """Policies whose prompt embeddings are kept in the run store (computed once, on a gpu worker)."""
+CHECKS: dict[str, Callable[[Any], None]] = {}
+"""RunConfig -> None or a clear error: what the policy can check before any worker starts."""
 SIZERS: dict[str, Callable[[Any], Any]] = {}
 """RunConfig -> spotlight.sizing.ModelSize, without loading weights (``--dry-run``)."""
 
@@ -112,6 +114,25 @@ def register_base(name: str) -> Callable[[BaseBuilder], BaseBuilder]:
         return builder
 
     return add
+
+
+def register_check(name: str) -> Callable:
+    """Decorator: ``check_policy`` calls it for ``model.policy`` = ``name``."""
+
+    def add(check: Callable[[Any], None]) -> Callable[[Any], None]:
+        CHECKS[name] = check
+        return check
+
+    return add
+
+
+def check_policy(config: Any) -> None:
+    """Everything about ``config``'s model that can fail, checked before a cluster starts or a
+    run store is created (weights folder, dtype, resolution, adapter targets)."""
+    _registered(config.model.policy)
+    check = CHECKS.get(config.model.policy)
+    if check is not None:
+        check(config)
 
 
 def register_sizing(name: str) -> Callable:

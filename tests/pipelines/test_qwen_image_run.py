@@ -80,3 +80,32 @@ def test_a_spot_worker_killed_mid_exploration_resumes_from_its_last_committed_st
     np.testing.assert_array_equal(np.asarray(run.read_trajectory(stage, REQUEST)),
                                   np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
     assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 2
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model.lora_targets": ["to_q", "to_qq"]}, r"\['to_qq'\] match no module"),
+    ({"model.dtype": "float16"}, "needs a GPU"),
+    ({"world.canvas_height": 18}, "divisible by"),
+    ({"model.weights": "MISSING_VAE"}, r"lacks \['vae/config.json'\]"),
+])
+def test_bad_model_input_fails_before_any_worker_starts_and_writes_nothing(
+        tmp_path, monkeypatch, change, message):
+    import shutil
+
+    from pipelines.front import session as session_module
+    from spotlight.models.qwen_image.weights import local_folder
+
+    if change.get("model.weights") == "MISSING_VAE":
+        broken = tmp_path / "weights"
+        shutil.copytree(local_folder("tiny"), broken)
+        shutil.rmtree(broken / "vae")
+        change = {"model.weights": str(broken)}
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started for a config that cannot run")
+
+    monkeypatch.setattr(session_module, "_cluster_for", no_cluster)
+    config = load_config(PROJECT_ROOT / "configs" / "qwen-image-tiny.yaml", change)
+    with pytest.raises(ValueError, match=message):
+        Session.from_config(config, store=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

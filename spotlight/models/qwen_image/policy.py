@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from spotlight.models.base import register_base, register_policy
-from spotlight.models.qwen_image import sizing  # noqa: F401  (registers the --dry-run sizer)
+from spotlight.models.qwen_image import check, sizing  # noqa: F401  (register the start-up check
+#                                                        and the --dry-run sizer)
 from spotlight.models.qwen_image.weights import (Components, load_components, resolve_dtype,
                                                  scheduler_sigmas)
 
@@ -58,7 +59,7 @@ class QwenImagePolicy(nn.Module):
         super().__init__()
         self.height, self.width = height, width
         self.vae_scale = 2 ** len(components.vae.temperal_downsample)
-        _check_resolution(height, width, self.vae_scale)
+        check_resolution(height, width, self.vae_scale)
         self.transformer, self.vae = components.transformer, components.vae
         self.components = components
         for module in (self.transformer, self.vae):
@@ -273,24 +274,28 @@ def adapter_disabled(transformer: nn.Module) -> Iterator[None]:
         transformer.enable_adapters()
 
 
-def _add_lora(transformer: nn.Module, model_config) -> None:
-    """A peft LoRA adapter on the configured modules; an error if a target matches nothing."""
-    from peft import LoraConfig
-
+def check_lora_targets(transformer: nn.Module, targets: list[str]) -> None:
+    """An error naming every LoRA target that matches no module of ``transformer``."""
     names = [n for n, _ in transformer.named_modules()]
-    unmatched = [t for t in model_config.lora_targets
-                 if not any(n == t or n.endswith("." + t) for n in names)]
+    unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if unmatched:
         raise ValueError(f"model.lora_targets {unmatched} match no module of the transformer; "
                          "targets are module names or suffixes such as 'to_q' or "
                          "'img_mlp.net.2'")
+
+
+def _add_lora(transformer: nn.Module, model_config) -> None:
+    """A peft LoRA adapter on the configured modules; an error if a target matches nothing."""
+    from peft import LoraConfig
+
+    check_lora_targets(transformer, model_config.lora_targets)
     rank = model_config.lora_rank
     transformer.add_adapter(LoraConfig(r=rank, lora_alpha=model_config.lora_alpha or rank,
                                        target_modules=list(model_config.lora_targets),
                                        init_lora_weights=True))
 
 
-def _check_resolution(height: int, width: int, vae_scale: int) -> None:
+def check_resolution(height: int, width: int, vae_scale: int) -> None:
     step = vae_scale * 2
     if height % step or width % step:
         raise ValueError(f"image size {height}x{width} cannot be packed: Qwen-Image needs height "
