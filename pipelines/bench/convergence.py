@@ -24,7 +24,7 @@ from pipelines.bench import machine, register_bench, write_result
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.base import base_policy
-from spotlight.models.prompts import load_prompts
+from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
@@ -38,7 +38,7 @@ def base_validation(config: RunConfig) -> float:
     seed's), so it is where every mode and every seed starts. Computed with the gpu workers'
     thread count, so the floating-point sums match theirs."""
     torch.set_num_threads(config.cluster.threads_per_worker)
-    prompts = load_prompts(config.world.val_prompts, config.world.task)
+    prompts = world_prompts(config, "val")
     return validate(base_policy(config, progress=False), prompts, build_reward(config.reward), check_rewards,
                     config).mean_reward
 

@@ -23,8 +23,8 @@ from pipelines.bench import machine, register_bench
 from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig, load_config, shipped_config
-from spotlight.models.pretrain import load_base_policy, pretrain
-from spotlight.models.prompts import load_prompts
+from spotlight.models.base import base_policy
+from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from storage import RunStore
@@ -32,10 +32,9 @@ from storage import RunStore
 
 def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) -> list[float]:
     """The pipeline's tasks called in order in this process; wall seconds per iteration."""
-    base = load_base_policy(config)
+    base = base_policy(config, progress=False)
     store.save_checkpoint(0, base.state_dict(), None)
-    train = load_prompts(config.world.train_prompts, config.world.task)
-    val = load_prompts(config.world.val_prompts, config.world.task)
+    train, val = world_prompts(config, "train"), world_prompts(config, "val")
     grpo = config.grpo
     tasks.validation_task(config, store, 0, val, 0)
     walls = []
@@ -70,17 +69,17 @@ def _session_run(config: RunConfig, mode: str, url: str,
 @register_bench("overhead")
 def bench_overhead(quick: bool = False, config: str | None = None, iterations: int | None = None,
                    task: str = "ocr", json_path: str | None = None, rounds: int | None = None,
-                   **_: object) -> dict:
+                   overrides: dict | None = None, **_: object) -> dict:
     started = time.monotonic()
-    overrides = {"validation.every": 4}
-    if quick:
+    user_overrides, overrides = overrides or {}, {"validation.every": 4}
+    if quick and config is None:
         # Half the batch, so the training window still holds a few exploration requests.
         overrides.update({"grpo.prompts_per_iteration": 8, "grpo.group_size": 4,
                           "grpo.micro_batch": 32, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 4})
-    cfg = load_config(config or shipped_config("digits.yaml"), overrides)
+    cfg = load_config(config or shipped_config("digits.yaml"), {**overrides, **user_overrides})
     iterations = iterations or (2 if quick else 8)
-    pretrain(cfg)
+    base_policy(cfg, progress=False)   # digits: pretrained once, into the cache
     build_reward(cfg.reward)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-overhead-"))
     # Rounds alternate the order (in-process, vanilla, spotlight, then the reverse): a slow

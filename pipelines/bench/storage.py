@@ -130,7 +130,7 @@ class Request:
 
     def __init__(self, cfg: Any, batch: int | None) -> None:
         from spotlight.models.base import build_policy
-        from spotlight.models.prompts import load_prompts
+        from spotlight.models.prompts import world_prompts
         from spotlight.rl.trainer import iteration_prompts, random_seeds, sample_keys
 
         torch.manual_seed(cfg.seed)
@@ -141,7 +141,7 @@ class Request:
         if batch is not None:  # keep whole groups where possible
             group = min(group, batch)
             groups = max(1, batch // group)
-        pool = load_prompts(cfg.world.train_prompts, cfg.world.task)
+        pool = world_prompts(cfg, "train")
         prompts = iteration_prompts(pool, 0, groups, cfg.seed)
         seeds = random_seeds(cfg.seed, 0, groups, group)
         self.texts = [p.text for p in prompts for _ in range(group)]

@@ -144,11 +144,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["trace"] = args.trace
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
+    if args.set and args.name not in ("convergence", "overhead"):
+        print("error: --set applies to 'bench convergence' and 'bench overhead'; the other "
+              "benchmarks measure their documented settings", file=sys.stderr)
+        return 2
+    if args.modes and args.name != "convergence":
+        print("error: --modes applies to 'bench convergence' only", file=sys.stderr)
+        return 2
     if args.set or args.modes:
-        if args.name != "convergence":
-            print("error: --set and --modes apply to 'bench convergence' only; the other "
-                  "benchmarks measure their documented settings", file=sys.stderr)
-            return 2
         options["overrides"] = dict(parse_override(item) for item in (args.set or []))
         if args.modes:
             options["modes"] = [m.strip() for m in args.modes.split(",") if m.strip()]

@@ -25,7 +25,7 @@ from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
 from spotlight.models.base import base_policy, check_policy
-from spotlight.models.prompts import load_prompts
+from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
 
@@ -43,8 +43,8 @@ class Session:
     def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
                  *, on_event: EventFn | None = None, progress: bool = False) -> None:
         self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
-        self.train_prompts = load_prompts(config.world.train_prompts, config.world.task)
-        self.val_prompts = load_prompts(config.world.val_prompts, config.world.task)
+        self.train_prompts = world_prompts(config, "train")
+        self.val_prompts = world_prompts(config, "val")
         # Spot workers hear preemption notices (SIGTERM, file, cloud metadata) and hand back.
         cluster.client.register_plugin(preemption_watch(config.preemption))
         self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,

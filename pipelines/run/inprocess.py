@@ -13,7 +13,7 @@ import torch
 
 from spotlight.config import RunConfig
 from spotlight.models.base import base_policy
-from spotlight.models.prompts import load_prompts
+from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.trainer import FlowGRPO, IterationStats, iteration_prompts, random_seeds
 from spotlight.rl.validation import ValidationResult, validate
@@ -38,8 +38,8 @@ class InProcessRun:
         self.config = config
         self.policy = base_policy(config, progress=progress)   # digits: pretrained, cached
         self.reward_fn = build_reward(config.reward)
-        self.train_prompts = load_prompts(config.world.train_prompts, config.world.task)
-        self.val_prompts = load_prompts(config.world.val_prompts, config.world.task)
+        self.train_prompts = world_prompts(config, "train")
+        self.val_prompts = world_prompts(config, "val")
         self.trainer = FlowGRPO(config, self.policy, self.reward_fn, check_rewards)
         self.history = RunHistory()
         self.last_validation: ValidationResult | None = None

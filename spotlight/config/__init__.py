@@ -283,7 +283,8 @@ def check_files(config: "RunConfig") -> None:
         value = getattr(config.world, key)
         must_exist(f"world.{key}", value)
         try:
-            load_prompts(value, config.world.task)
+            load_prompts(value, config.world.task,
+                         open_vocabulary=config.model.policy != "digits")
         except (PromptFileError, ValueError) as err:
             raise ConfigError(f"{config.source}: world.{key}: {err} (task "
                               f"{config.world.task!r})") from None

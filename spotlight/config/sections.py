@@ -108,7 +108,14 @@ class RewardConfig(Validated):
     recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
     ocr_engine: str = spec("rapidocr", "OCR engine of reward 'ocr-text' (real images): 'rapidocr' "
                            "runs PP-OCR from the models inside its wheel, offline.",
-                           choices=("rapidocr",))
+                           choices=("rapidocr", "transformers"))
+    ocr_model: str = spec("", "OCR engine 'transformers': a folder or object-storage URL of a "
+                          "vision-language OCR model (AutoModelForImageTextToText) and its "
+                          "processor, e.g. a staged DeepSeek-OCR-class model.")
+    detector: str = spec("", "Reward 'geneval-image': a folder or object-storage URL of a "
+                         "transformers object-detection model and its image processor.")
+    color_classifier: str = spec("", "Reward 'geneval-image': a folder or object-storage URL of a "
+                                 "CLIP-style model and processor (colour clauses).")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -1,9 +1,12 @@
-"""Rewards of the digits world, registered by name.
+"""Rewards, registered by name.
 
 ``build_reward(config.reward)`` returns a ``RewardFn``: ``(images, prompts) -> (B,) float64 in
-[0, 1]`` with a ``recognizer_accuracy`` property. ``ocr`` is Flow-GRPO's OCR score of the string
-read off a canvas; ``geneval`` is GenEval's count/colour/position checks as partial credit. Both
-read canvases with a classical detector (``detect``) and a small CNN (``recognizer``).
+[0, 1]`` with a ``recognizer_accuracy`` property. On the digits world, ``ocr`` is Flow-GRPO's
+OCR score of the string read off a canvas and ``geneval`` GenEval's count/colour/position
+checks as partial credit, both read with a classical detector (``detect``) and a small CNN
+(``recognizer``). On real images, ``ocr-text`` reads with an OCR engine (PP-OCR, or a
+vision-language model) and ``geneval-image`` scores GenEval's clauses on a transformers
+detector's boxes.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from spotlight.rewards.registry import (REWARDS, RewardFn, build_reward, check_r
 from spotlight.rewards.ocr import OcrReward, levenshtein, ocr_score  # noqa: E402  isort: skip
 from spotlight.rewards.geneval import GenevalReward, geneval_score  # noqa: E402  isort: skip
 from spotlight.rewards.text_ocr import OcrEngine, TextOcrReward  # noqa: E402  isort: skip
+from spotlight.rewards.vision import GenevalImageReward  # noqa: E402  isort: skip
 from spotlight.rewards.detect import (Detection, DetectorSettings, detect,  # noqa: E402
                                       detect_batch, read_string)
 from spotlight.rewards.recognizer import Recognizer, load_or_train_recognizer  # noqa: E402
@@ -22,6 +26,6 @@ __all__ = [
     "REWARDS", "RewardFn", "build_reward", "check_rewards", "register_reward",
     "Detection", "DetectorSettings", "detect", "detect_batch", "read_string",
     "GenevalReward", "geneval_score", "OcrReward", "levenshtein", "ocr_score",
-    "OcrEngine", "TextOcrReward",
+    "OcrEngine", "TextOcrReward", "GenevalImageReward",
     "Recognizer", "load_or_train_recognizer",
 ]

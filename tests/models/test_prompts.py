@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from spotlight.models.prompts import PromptFileError, geneval_record, load_prompts, ocr_prompt
+from spotlight.models.prompts import (PromptFileError, geneval_prompt, geneval_record, load_prompts,
+                                      ocr_prompt)
 
 
 def test_shipped_prompt_files_load_and_are_disjoint():
@@ -69,3 +70,22 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "empty.txt").write_text("\n# only a comment\n")
     with pytest.raises(PromptFileError, match="holds no prompts"):
         load_prompts(tmp_path / "empty.txt", "ocr")
+
+
+def test_open_vocabulary_prompts_take_geneval_as_published():
+    line = ('{"tag": "counting", "include": [{"class": "computer keyboard", "count": 4}], '
+            '"exclude": [{"class": "computer keyboard", "count": 5}], '
+            '"prompt": "a photo of four computer keyboards"}')
+    prompt = geneval_prompt(line, open_vocabulary=True)
+    assert prompt.include[0].cls == "computer keyboard" and prompt.exclude[0].count == 5
+    assert geneval_record(prompt) == json.loads(line)
+    with pytest.raises(PromptFileError, match="must be one digit"):
+        geneval_prompt(line)   # the digits world refuses it
+    purple = '{"tag": "colors", "include": [{"class": "cup", "color": "purple"}], "prompt": "p"}'
+    assert geneval_prompt(purple, open_vocabulary=True).include[0].color == "purple"
+    with pytest.raises(PromptFileError, match="'exclude' must list"):
+        geneval_prompt('{"tag": "t", "include": [{"class": "cup"}], "exclude": [{"class": "cup"}],'
+                       ' "prompt": "p"}', open_vocabulary=True)
+    assert ocr_prompt('a sign that says "HELLO 42"', open_vocabulary=True).target == "HELLO 42"
+    with pytest.raises(PromptFileError, match="1-3 digits"):
+        ocr_prompt('a sign that says "HELLO 42"')

@@ -7,10 +7,6 @@ A folder has diffusers' layout: ``transformer/``, ``vae/``, ``text_encoder/``, `
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +14,16 @@ from typing import Any
 
 import torch
 
+from spotlight.staging import StagingError, cache_root, publish, staged_folder
+
 # Component folder -> the file that shows it is there (what save_pretrained writes first).
 REQUIRED = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
             "tokenizer": "tokenizer_config.json", "scheduler": "scheduler_config.json"}
-CHECKSUMS = ".spotlight-sha256.json"   # sha256 and size of every file of a cached copy
 TINY = "tiny"
 TINY_VERSION = 2                       # bump when the tiny components change
 
 
-class WeightsError(ValueError):
+class WeightsError(StagingError):
     """A weights folder or URL that cannot give a Qwen-Image policy its components."""
 
 
@@ -62,21 +59,17 @@ def resolve_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def cache_root() -> Path:
-    from spotlight.cache import cache_dir
-
-    return Path(cache_dir())
-
-
 def local_folder(weights: str) -> Path:
     """A local folder holding the components of ``weights`` (a path, a URL, or ``tiny``)."""
     if weights == TINY:
         return _tiny_folder()
-    if "://" in weights and not weights.startswith("file://"):
-        return _cached_copy(weights)
-    folder = Path(weights.removeprefix("file://")).expanduser()
-    check_folder(folder, weights)
-    return folder
+    try:
+        return staged_folder(weights, "model.weights", check_folder)
+    except WeightsError:
+        raise
+    except StagingError as err:
+        raise WeightsError(f"{err}; expected a Qwen-Image weights folder with "
+                           f"{sorted(REQUIRED)} (or 'tiny')") from None
 
 
 def check_folder(folder: Path, named: str) -> None:
@@ -146,59 +139,5 @@ def _tiny_folder() -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
         build_tiny_components(building)
-        _publish(building, folder)
+        publish(building, folder, "model_index.json")
     return folder
-
-
-def _cached_copy(url: str) -> Path:
-    """``url`` copied once into the cache and checksummed; later calls check that every file
-    is there at its recorded size (re-hashing tens of GB at every worker start would cost
-    minutes)."""
-    import fsspec
-
-    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    folder = cache_root() / "weights" / key
-    if (folder / CHECKSUMS).is_file():
-        _verify(folder, url)
-        return folder
-    fs, path = fsspec.core.url_to_fs(url)
-    if not fs.isdir(path):
-        raise WeightsError(f"model.weights {url!r}: no such folder in object storage; expected a "
-                           f"Qwen-Image weights folder with {sorted(REQUIRED)}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    copying = Path(tempfile.mkdtemp(prefix=key + ".", dir=folder.parent))
-    fs.get(path.rstrip("/") + "/", str(copying), recursive=True)
-    check_folder(copying, url)
-    sums = {str(p.relative_to(copying)): {"sha256": _sha256(p), "size": p.stat().st_size}
-            for p in sorted(copying.rglob("*")) if p.is_file()}
-    (copying / CHECKSUMS).write_text(json.dumps({"url": url, "files": sums}, indent=1))
-    _publish(copying, folder)
-    return folder
-
-
-def _verify(folder: Path, url: str) -> None:
-    """Every file of a cached copy is still there at its recorded size."""
-    record = json.loads((folder / CHECKSUMS).read_text())
-    for name, entry in record["files"].items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != entry["size"]:
-            raise WeightsError(f"the cached copy of {url!r} at {folder} is damaged ({name}); "
-                               "delete that folder and run again to copy it afresh")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _publish(built: Path, folder: Path) -> None:
-    """Move a finished folder into place; another process may have published it first."""
-    try:
-        os.replace(built, folder)
-    except OSError:
-        if not (folder / "model_index.json").is_file() and not (folder / CHECKSUMS).is_file():
-            raise
-        shutil.rmtree(built, ignore_errors=True)
