@@ -28,7 +28,7 @@ from spotlight.staging import StagingError, staged_folder
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-def _needs(*files: str | tuple[str, ...]):
+def needs(*files: str | tuple[str, ...]):
     """A folder check: each entry is a file, or a tuple of files one of which must be there."""
     def check(folder: Path, named: str) -> None:
         missing = [f if isinstance(f, str) else " or ".join(f) for f in files
@@ -46,7 +46,7 @@ def to_uint8(images: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(p.transpose(1, 2, 0)) for p in pixels]
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -59,9 +59,9 @@ class TransformersDetector:
     def __init__(self, source: str, threshold: float = CONFIDENCE, batch_size: int = 8) -> None:
         from transformers import AutoImageProcessor, AutoModelForObjectDetection
 
-        _quiet_transformers()
+        quiet_transformers()
         folder = staged_folder(source, "reward.detector",
-                               _needs("config.json", PROCESSOR_FILES))
+                               needs("config.json", PROCESSOR_FILES))
         self.processor = AutoImageProcessor.from_pretrained(folder)
         self.model = AutoModelForObjectDetection.from_pretrained(folder).eval()
         self.labels = self.model.config.id2label
@@ -89,9 +89,9 @@ class ClipColorClassifier:
     def __init__(self, source: str, colors: Sequence[str] = GENEVAL_COLORS) -> None:
         from transformers import AutoModel, AutoProcessor
 
-        _quiet_transformers()
+        quiet_transformers()
         folder = staged_folder(source, "reward.color_classifier",
-                               _needs("config.json", PROCESSOR_FILES))
+                               needs("config.json", PROCESSOR_FILES))
         self.processor = AutoProcessor.from_pretrained(folder)
         self.model = AutoModel.from_pretrained(folder).eval()
         self.colors = tuple(colors)
