@@ -156,43 +156,28 @@ def latent_heatmap(latent: np.ndarray) -> np.ndarray:
     return np.repeat(grey[..., None], 3, axis=2)
 
 
-def canvas_decoder(height: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Decoder for the digits world: packed (tokens, 12) canvases of ``height`` x ``width``.
-
-    A request's latent is one canvas ``(tokens, 12)`` or a fixed batch ``(B, tokens, 12)``;
-    a batch is shown as its canvases stacked top to bottom. Latents of any other shape fall
-    back to :func:`latent_heatmap`.
-    """
-    import torch
-
-    from spotlight.models.policy import CHANNELS, PATCH, unpack
-    from spotlight.models.world import to_pixels
-
-    shape = ((height // PATCH) * (width // PATCH), CHANNELS * PATCH * PATCH)
-
-    def decode(latent: np.ndarray) -> np.ndarray:
-        a = np.asarray(latent)
-        if a.ndim not in (2, 3) or a.shape[-2:] != shape:
-            return latent_heatmap(a)
-        tokens = torch.from_numpy(np.ascontiguousarray(a.reshape(-1, *shape), dtype=np.float32))
-        canvases = to_pixels(unpack(tokens, height, width).numpy()).transpose(0, 2, 3, 1)
-        out = np.ones((len(canvases) * (height + 1) - 1, width, 3))  # 1px white between
-        for i, canvas in enumerate(canvases):
-            out[i * (height + 1):i * (height + 1) + height] = canvas
-        return out
-
-    return decode
-
-
 def decoder_for_run(run: str | StorageConfig | RunStore) -> Callable[[np.ndarray], np.ndarray]:
-    """The canvas decoder when the run's manifest records a digits world's canvas size
-    (``run.config.world.canvas_height/width``), else :func:`latent_heatmap`."""
-    info = _open(run).manifest.read().get("run", {})
-    world = (info.get("config") or {}).get("world") or {}
-    height, width = world.get("canvas_height"), world.get("canvas_width")
-    if isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0:
-        return canvas_decoder(height, width)
-    return latent_heatmap
+    """How the run's policy shows a stored latent (digits: its canvases; qwen-image: VAE-decoded
+    images), falling back to :func:`latent_heatmap` for latents it cannot take or for a run
+    without a recorded config."""
+    from spotlight.config import from_stored
+    from spotlight.models.base import latent_decoder
+
+    store = _open(run)
+    recorded = store.manifest.read().get("run", {}).get("config")
+    if not recorded:
+        return latent_heatmap
+    decode = latent_decoder(from_stored(recorded, store.url))
+    if decode is None:
+        return latent_heatmap
+
+    def decode_or_heatmap(latent: np.ndarray) -> np.ndarray:
+        try:
+            return decode(latent)
+        except ValueError:   # not a latent of this policy's shape
+            return latent_heatmap(latent)
+
+    return decode_or_heatmap
 
 
 def _find_stage(store: RunStore, iteration: int, request: str) -> str:

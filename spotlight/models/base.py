@@ -77,6 +77,8 @@ BASES: dict[str, BaseBuilder] = {}
 """How each registered policy gets its base weights (checkpoint 0 of a run)."""
 PROMPT_STORE: set[str] = set()
 """Policies whose prompt embeddings are kept in the run store (computed once, on a gpu worker)."""
+DECODERS: dict[str, Callable[[Any], Callable[[np.ndarray], np.ndarray]]] = {}
+"""RunConfig -> (stored latent -> (H, W, 3) image in [0, 1]): how the audit shows a latent."""
 CHECKS: dict[str, Callable[[Any], None]] = {}
 """RunConfig -> None or a clear error: what the policy can check before any worker starts."""
 SIZERS: dict[str, Callable[[Any], Any]] = {}
@@ -114,6 +116,23 @@ def register_base(name: str) -> Callable[[BaseBuilder], BaseBuilder]:
         return builder
 
     return add
+
+
+def register_decoder(name: str) -> Callable:
+    """Decorator: ``latent_decoder`` calls it for ``model.policy`` = ``name``."""
+
+    def add(builder: Callable[[Any], Callable[[np.ndarray], np.ndarray]]) -> Callable:
+        DECODERS[name] = builder
+        return builder
+
+    return add
+
+
+def latent_decoder(config: Any) -> Callable[[np.ndarray], np.ndarray] | None:
+    """How the audit turns a stored latent of ``config``'s policy into pixels (None: unknown)."""
+    _registered(config.model.policy)
+    builder = DECODERS.get(config.model.policy)
+    return builder(config) if builder is not None else None
 
 
 def register_check(name: str) -> Callable:

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spotlight.config import ModelConfig
-from spotlight.models.base import register_base, register_policy
+from spotlight.models.base import register_base, register_decoder, register_policy
 from spotlight.models.text_encoder import PromptEncoder
 from spotlight.models.world import to_pixels
 
@@ -49,6 +49,29 @@ def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
 def digits_policy(config) -> "DigitsPolicy":
     """The digits world's policy for a run config (``model.policy: digits``)."""
     return DigitsPolicy(config.model, config.world.canvas_height, config.world.canvas_width)
+
+
+@register_decoder("digits")
+def digits_decoder(config):
+    """For the audit: a stored canvas latent (tokens, 12) or batch (B, tokens, 12) -> its canvases
+    stacked top to bottom, 1 px of white between (a ValueError for any other shape)."""
+    from spotlight.models.world import to_pixels
+
+    height, width = config.world.canvas_height, config.world.canvas_width
+    shape = ((height // PATCH) * (width // PATCH), CHANNELS * PATCH * PATCH)
+
+    def decode(latent: np.ndarray) -> np.ndarray:
+        a = np.asarray(latent)
+        if a.ndim not in (2, 3) or a.shape[-2:] != shape:
+            raise ValueError(f"latent of shape {a.shape} is not a {height}x{width} canvas")
+        tokens = torch.from_numpy(np.ascontiguousarray(a.reshape(-1, *shape), dtype=np.float32))
+        canvases = to_pixels(unpack(tokens, height, width).numpy()).transpose(0, 2, 3, 1)
+        out = np.ones((len(canvases) * (height + 1) - 1, width, 3))
+        for i, canvas in enumerate(canvases):
+            out[i * (height + 1):i * (height + 1) + height] = canvas
+        return out
+
+    return decode
 
 
 @register_base("digits")

@@ -41,6 +41,13 @@ def test_two_spotlight_iterations_on_tiny_qwen_image(tmp_path, capsys):
     assert np.isfinite(rewards["reward"].values).sum() >= 16 + 32
     assert main(["audit", url]) == 0
     assert "explore" in capsys.readouterr().out
+    # The audit strip shows VAE-decoded images (8 samples of 16x32 stacked), not a heat map.
+    png = tmp_path / "strip.png"
+    assert main(["audit", url, "--iteration", "1", "--request", "batch", "--png", str(png)]) == 0
+    from PIL import Image
+
+    steps = config.sampler.num_steps
+    assert Image.open(png).size == ((steps + 1) * 32 + steps * 2, 8 * 16)
 
 
 def test_a_spot_worker_killed_mid_exploration_resumes_from_its_last_committed_step(tmp_path):

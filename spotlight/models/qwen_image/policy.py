@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spotlight.models.base import register_base, register_policy
+from spotlight.models.base import register_base, register_decoder, register_policy
 from spotlight.models.qwen_image import check, sizing  # noqa: F401  (register the start-up check
 #                                                        and the --dry-run sizer)
 from spotlight.models.qwen_image.weights import (Components, load_components, resolve_dtype,
@@ -171,18 +171,9 @@ class QwenImagePolicy(nn.Module):
             img_shapes=[[(1, h // 2, w // 2)]] * latents.shape[0], return_dict=False)[0]
         return out.to(latents.dtype)
 
-    @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """Packed latents -> float32 pixels (B, 3, H, W) in [0, 1], as the pipeline decodes."""
-        h, w = self.latent_hw
-        z = self.vae.config.z_dim
-        b = latents.shape[0]
-        x = latents.detach().view(b, h // 2, w // 2, z, 2, 2).permute(0, 3, 1, 4, 2, 5)
-        x = x.reshape(b, z, 1, h, w).to(self.vae.dtype)
-        mean = torch.tensor(self.vae.config.latents_mean).view(1, z, 1, 1, 1).to(x.dtype)
-        std = torch.tensor(self.vae.config.latents_std).view(1, z, 1, 1, 1).to(x.dtype)
-        image = self.vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]
-        return ((image.float().clamp(-1, 1) + 1) / 2).cpu().numpy().astype(np.float32)
+        return vae_decode(self.vae, latents, self.latent_hw)
 
     # --- training state --------------------------------------------------------------------
     def trainable_parameters(self, which: str = "transformer") -> list[nn.Parameter]:
@@ -224,6 +215,44 @@ class QwenImagePolicy(nn.Module):
     def reference(self) -> "nn.Module":
         """The KL reference: the base model -- this policy with its adapter disabled."""
         return _AdapterOff(self) if self.lora else copy.deepcopy(self).requires_grad_(False)
+
+
+@torch.no_grad()
+def vae_decode(vae: nn.Module, latents: torch.Tensor, latent_hw: tuple[int, int]) -> np.ndarray:
+    """Packed latents (B, tokens, 4 z) -> float32 pixels (B, 3, H, W) in [0, 1]: unpacked 2x2,
+    de-normalised with the VAE's latents mean/std and decoded, as QwenImagePipeline does."""
+    h, w = latent_hw
+    z = vae.config.z_dim
+    b = latents.shape[0]
+    x = latents.detach().view(b, h // 2, w // 2, z, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    x = x.reshape(b, z, 1, h, w).to(vae.dtype)
+    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(x.dtype)
+    std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(x.dtype)
+    image = vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]
+    return ((image.float().clamp(-1, 1) + 1) / 2).cpu().numpy().astype(np.float32)
+
+
+@register_decoder("qwen-image")
+def qwen_image_decoder(config) -> Callable[[np.ndarray], np.ndarray]:
+    """For the audit: a stored latent (tokens, 4 z) or batch (B, tokens, 4 z) -> its images
+    stacked top to bottom (H, W, 3); only the VAE is loaded."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from spotlight.models.qwen_image.weights import local_folder
+
+    dtype = resolve_dtype(config.model.dtype)
+    vae = AutoencoderKLQwenImage.from_pretrained(local_folder(config.model.weights) / "vae",
+                                                 torch_dtype=dtype).eval()
+    height, width = image_size(config)
+    scale = 2 ** len(vae.temperal_downsample)
+
+    def decode(latent: np.ndarray) -> np.ndarray:
+        tokens = torch.from_numpy(np.asarray(latent, np.float32))
+        pixels = vae_decode(vae, tokens.reshape(-1, *tokens.shape[-2:]),
+                            (height // scale, width // scale))
+        return np.concatenate(list(pixels.transpose(0, 2, 3, 1)), axis=0)
+
+    return decode
 
 
 class _AdapterOff:
