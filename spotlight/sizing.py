@@ -19,6 +19,7 @@ FORWARD_1024_S = 0.058     # H100, batch 1, 1024 image tokens, one pass
 TOKEN_EXPONENT = 0.79      # log(331 ms / 58 ms) / log(9216 / 1024)
 BATCH_EXPONENT = 0.58      # log(0.832 / 0.167) / log(16)
 TRAIN_FORWARDS = 3.0       # forward + backward ~ 3 forwards
+GPU_MEMORY_GIB = 80.0      # an H100's memory: the dry run flags stages that need more
 GIB = 1024 ** 3
 
 
@@ -62,13 +63,17 @@ def inference_memory_gib(size: ModelSize, batch: int, steps: int, keep_trajector
     return (weights + activations + latents) / GIB
 
 
-def training_memory_gib(size: ModelSize, micro_batch: int) -> float:
-    """Weights, fp32 gradients and two Adam moments of the trainable parameters, and every
-    block's activations for the backward pass (no activation checkpointing)."""
+def training_memory_gib(size: ModelSize, micro_batch: int, checkpointing: bool = False,
+                        passes: int = 1) -> float:
+    """Weights, fp32 gradients and two Adam moments of the trainable parameters, and the
+    activations the backward pass keeps: every block's (16 x micro-batch x tokens x width per
+    block), or with activation checkpointing each block's input plus one block's internals.
+    True CFG (``passes`` 2) keeps both passes' activations."""
     weights = (size.transformer + size.vae + size.trainable) * size.weight_bytes
     optimizer = size.trainable * 4 * 3
     tokens = size.image_tokens + size.text_tokens
-    activations = micro_batch * tokens * size.hidden * size.weight_bytes * 16 * size.layers
+    per_block = micro_batch * passes * tokens * size.hidden * size.weight_bytes
+    activations = per_block * ((size.layers + 16) if checkpointing else 16 * size.layers)
     return (weights + optimizer + activations) / GIB
 
 
@@ -95,17 +100,21 @@ def best_fitting_arm(size: ModelSize, arms: list[tuple[int, int]], window_s: flo
 def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int, cfg: bool,
                         candidates: int, explore_steps: int, explore_batch: int,
                         micro_batch: int, trained_steps: int, gpu_workers: int,
-                        spot_workers: int, gpu_speed: float = 1.0) -> list[Estimate]:
+                        spot_workers: int, gpu_speed: float = 1.0, checkpointing: bool = False,
+                        reference: bool = True) -> list[Estimate]:
     """Memory per worker and wall seconds per stage of one iteration (workers in parallel)."""
     passes = 2 if cfg else 1
     samples = prompts * group
-    rollout_batch = max(1, min(samples, micro_batch))
+    rollout_batch = max(1, min(samples, group))   # a request: one prompt's group
     rollout_s = (math.ceil(samples / rollout_batch) * steps * passes
                  * forward_s(size.image_tokens, rollout_batch, gpu_speed) / gpu_workers)
     explore_n = prompts * candidates
     explore_s = explore_seconds(size, prompts, candidates, explore_steps, explore_batch, cfg,
                                 spot_workers, gpu_speed)
-    train_s = (math.ceil(samples / micro_batch) * trained_steps * TRAIN_FORWARDS
+    # Per trained step: forward + backward, a recomputed forward with checkpointing, and the
+    # KL reference's forward; each of them twice with true CFG.
+    forwards = TRAIN_FORWARDS + checkpointing + reference
+    train_s = (math.ceil(samples / micro_batch) * trained_steps * forwards * passes
                * forward_s(size.image_tokens, micro_batch, gpu_speed) / gpu_workers)
     fwd = f"forward = {FORWARD_1024_S * 1000:.0f} ms x (tokens/1024)^{TOKEN_EXPONENT} x batch^" \
           f"{BATCH_EXPONENT} / gpu_speed"
@@ -118,7 +127,9 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
                  explore_s,
                  f"{explore_n} candidates x {explore_steps} steps x {passes} passes in batches "
                  f"of {explore_batch}, over {spot_workers} spot workers; runs while gpu trains"),
-        Estimate("train", "gpu", training_memory_gib(size, micro_batch), train_s,
-                 f"{samples} samples x {trained_steps} trained steps x {TRAIN_FORWARDS:g} "
-                 f"forwards in micro-batches of {micro_batch}, over {gpu_workers} gpu workers"),
+        Estimate("train", "gpu", training_memory_gib(size, micro_batch, checkpointing, passes),
+                 train_s, f"{samples} samples x {trained_steps} trained steps x {forwards:g} "
+                 f"forwards x {passes} passes in micro-batches of {micro_batch}, over "
+                 f"{gpu_workers} gpu workers"
+                 + (" (activation checkpointing)" if checkpointing else "")),
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.models.base import model_size
-from spotlight.sizing import Estimate, best_fitting_arm, iteration_estimates
+from spotlight.sizing import GPU_MEMORY_GIB, Estimate, best_fitting_arm, iteration_estimates
 
 
 def estimates(config: RunConfig, size, gpu_speed: float = 1.0,
@@ -24,7 +24,8 @@ def estimates(config: RunConfig, size, gpu_speed: float = 1.0,
         steps=sampler.num_steps, cfg=config.model.true_cfg > 1.0, candidates=candidates,
         explore_steps=steps, explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
         trained_steps=trained, gpu_workers=config.cluster.gpu_workers,
-        spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed)
+        spot_workers=config.cluster.spot_workers, gpu_speed=gpu_speed,
+        checkpointing=config.model.gradient_checkpointing, reference=grpo.beta_kl > 0)
     return rows
 
 
@@ -78,7 +79,8 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
              "-" * 51]
     for r in rows:
         device = f"{workers[r.worker_class]} x {r.worker_class}"
-        lines.append(f"{r.stage:<9}{device:<14}{r.memory_gib:>12.1f} GiB{r.seconds:>13.1f}")
+        over = "  > an 80 GiB H100" if r.memory_gib > GPU_MEMORY_GIB else ""
+        lines.append(f"{r.stage:<9}{device:<14}{r.memory_gib:>12.1f} GiB{r.seconds:>13.1f}{over}")
     lines += ["-" * 51,
               f"iteration wall time {wall:.1f} s (rollout + train on gpu; exploration "
               f"{'fits in' if by_stage['explore'].seconds <= gpu_s else 'runs past'} it)",
@@ -89,9 +91,10 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
     lines += [f"  {r.stage}: {r.how}" for r in rows]
     lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
               "activations of one block (12 x batch x tokens x width); training activations of "
-              "every block (16 x micro-batch x tokens x width x layers, no checkpointing), fp32 "
-              "gradients and two Adam moments of the trainable parameters; rollout latents of "
-              "every step kept for the log-probabilities",
+              "every block (16 x micro-batch x tokens x width x layers), or with "
+              "model.gradient_checkpointing each block's input and one block's internals, x2 "
+              "with true CFG; fp32 gradients and two Adam moments of the trainable parameters; "
+              "rollout latents of every step kept for the log-probabilities",
               f"  times assume an H100 (gpu_speed {gpu_speed:g}); cost = workers x wall time x "
               f"price per GPU-hour ({config.cost.prices})"]
     return "\n".join(lines)

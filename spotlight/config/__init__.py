@@ -109,12 +109,6 @@ def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
 def check_run(config: "RunConfig") -> None:
     """Cross-section checks of a whole run."""
     grpo, explore, sampler = config.grpo, config.exploration, config.sampler
-    if grpo.micro_batch % grpo.group_size and \
-            grpo.micro_batch < grpo.prompts_per_iteration * grpo.group_size:
-        raise ConfigError(
-            f"grpo.micro_batch = {grpo.micro_batch} does not hold whole groups of "
-            f"grpo.group_size = {grpo.group_size}; use a multiple of {grpo.group_size} "
-            f"(e.g. {grpo.group_size * max(1, grpo.micro_batch // grpo.group_size)})")
     if config.mode != "vanilla" and explore.candidates < grpo.group_size:
         raise ConfigError(
             f"exploration.candidates = {explore.candidates} cannot fill a group of "

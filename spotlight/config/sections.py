@@ -77,6 +77,9 @@ class ModelConfig(Validated):
                            "model.negative_prompt, and combines them as QwenImagePipeline does.",
                            range=(1.0, 20.0))
     negative_prompt: str = spec(" ", "The negative prompt of true CFG (model.true_cfg > 1).")
+    gradient_checkpointing: bool = spec(False, "Recompute each transformer block in the backward "
+                                        "pass (policy 'qwen-image'): training keeps only the "
+                                        "blocks' inputs, for about one more forward per step.")
 
     def validate(self) -> None:
         if self.policy == "qwen-image" and not self.weights:

@@ -193,3 +193,21 @@ def test_a_dtype_the_device_cannot_run_is_refused():
     with pytest.raises(WeightsError, match="float16.*needs a GPU"):
         resolve_dtype("float16")
     assert resolve_dtype("auto") is torch.float32
+
+
+def test_gradient_checkpointing_gives_the_same_adapter_gradients(tiny_folder):
+    grads = []
+    for checkpointing in (False, True):
+        policy = _policy(tiny_folder, lora_rank=4, gradient_checkpointing=checkpointing)
+        with torch.no_grad():
+            for p in policy.trainable_parameters():
+                p.copy_(torch.linspace(-0.1, 0.1, p.numel()).view_as(p))
+        policy.train()
+        x, v = _velocity(policy)
+        v.pow(2).mean().backward()
+        # (the last block's text-stream MLP feeds nothing: its adapter gets no gradient)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.trainable_parameters()
+                                if p.grad is not None]))
+    assert policy.transformer.gradient_checkpointing
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1])

@@ -61,3 +61,20 @@ def test_dry_run_does_not_go_with_resume(capsys):
 def test_a_policy_without_a_sizer_says_so(capsys):
     code = main(["run", "--dry-run", "--config", str(PROJECT_ROOT / "configs" / "digits.yaml")])
     assert code != 0 and "policy 'digits' cannot size itself" in capsys.readouterr().err
+
+
+def test_checkpointing_shrinks_training_memory_and_oversized_stages_are_flagged(capsys):
+    from spotlight.sizing import training_memory_gib
+
+    size = ModelSize(transformer=20 * 10**9, vae=10**8, text_encoder=8 * 10**9,
+                     trainable=4 * 10**8, weight_bytes=2, hidden=3072, layers=60,
+                     latent_channels=64, image_tokens=6400)
+    full, ckpt = training_memory_gib(size, 8), training_memory_gib(size, 8, checkpointing=True)
+    assert ckpt < full / 5
+    assert training_memory_gib(size, 8, True, passes=2) > ckpt   # true CFG keeps both passes
+    config = str(PROJECT_ROOT / "configs" / "qwen-image-1280.yaml")
+    assert main(["run", "--dry-run", "--config", config, "--set",
+                 "model.gradient_checkpointing=false", "--set", "grpo.micro_batch=16"]) == 0
+    assert re.search(r"^train .*GiB.*> an 80 GiB H100$", capsys.readouterr().out, re.M)
+    assert main(["run", "--dry-run", "--config", config]) == 0
+    assert "> an 80 GiB H100" not in capsys.readouterr().out   # the shipped config fits

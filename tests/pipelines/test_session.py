@@ -271,8 +271,7 @@ def test_unreachable_scheduler_fails_fast_and_leaves_the_run_intact(tiny_run_con
     assert (tmp_path / "run" / "manifest.json").read_bytes() == before
 
 
-def test_batch_that_does_not_fit_the_group_is_refused(tiny_run_yaml):
-    with pytest.raises(ConfigError, match=r"grpo.micro_batch = 6 does not hold whole groups"):
-        load_config(tiny_run_yaml, {"grpo.micro_batch": 6})
+def test_exploration_that_cannot_fill_a_group_is_refused(tiny_run_yaml):
+    load_config(tiny_run_yaml, {"grpo.micro_batch": 6})   # micro-batches need not hold groups
     with pytest.raises(ConfigError, match=r"exploration.candidates = 3 cannot fill a group"):
         load_config(tiny_run_yaml, {"exploration.candidates": 3})

@@ -67,6 +67,8 @@ class QwenImagePolicy(nn.Module):
         self.lora = model_config.lora_rank > 0
         if self.lora:
             _add_lora(self.transformer, model_config)
+        if model_config.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
         self.true_cfg, self.negative_prompt = model_config.true_cfg, model_config.negative_prompt
         self._prompt_cache: dict[str, torch.Tensor] = {}
         self._prompt_store: Callable[[str], np.ndarray | None] | None = None
