@@ -12,6 +12,12 @@ while running it (hard kill) or one that hands it back at a step boundary after 
 longest. Every attempt has its own number, so a late answer from an earlier attempt is
 recognised; by the determinism contract any finished attempt gives the same result, so the
 first answer wins and the others are cancelled.
+
+With :class:`Offload` settings (rollouts pulled by on-demand and spot workers alike) the queue's
+tail goes to whoever finishes it first by measured speed, and an idle worker of an
+``offload.speculate_on`` class re-runs a request expected to end clearly later on its current
+worker (see :mod:`spotlight.scheduling.offload`): the request then has two live attempts, the
+first to finish wins and the other is cancelled, and losing one of them requeues nothing.
 """
 from __future__ import annotations
 
@@ -19,12 +25,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from spotlight.scheduling.offload import SpeedBook, planned_takers, straggler
+
 
 # --- events -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerJoined:
     worker: str
     slots: int = 1
+    cls: str = "spot"   # worker class (gpu = on-demand, spot): for offload decisions
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class RequestProgressed:
 class RequestDone:
     request: str
     attempt: int
+    seconds: float | None = None   # how long the attempt ran: the worker's measured speed
 
 
 @dataclass(frozen=True)
@@ -167,21 +177,37 @@ class WorkerState(Enum):
 class Request:
     name: str
     state: RequestState = RequestState.QUEUED
-    worker: str | None = None
-    attempt: int = 0            # attempts started so far; the running one is ``attempt``
+    attempt: int = 0            # attempts started so far; the newest is ``attempt``
     committed_step: int = 0
     hard_preemptions: int = 0
     graceful_preemptions: int = 0
+    live: dict[int, str] = field(default_factory=dict)   # running attempt -> its worker
+    started: dict[int, float] = field(default_factory=dict)   # running attempt -> when
+
+    @property
+    def worker(self) -> str | None:
+        """The worker of the newest running attempt (None when none runs)."""
+        return self.live[max(self.live)] if self.live else None
 
     @property
     def preemptions(self) -> int:
         return self.hard_preemptions + self.graceful_preemptions
 
 
+@dataclass(frozen=True)
+class Offload:
+    """Adaptive offload: plan the tail by measured speed; re-run stragglers on idle workers of
+    these classes when they would finish more than ``margin_s`` sooner."""
+
+    speculate_on: tuple[str, ...] = ("gpu",)
+    margin_s: float = 1.0
+
+
 @dataclass
 class Worker:
     name: str
     slots: int
+    cls: str = "spot"
     state: WorkerState = WorkerState.ACTIVE
     running: set[str] = field(default_factory=set)
     assigned: int = 0           # requests this worker has pulled (balance)
@@ -198,7 +224,11 @@ class Dispatcher:
     stage gives up on them (None: for ever), measured on the clock of :class:`Tick` events.
     """
 
-    def __init__(self, no_worker_wait_s: float | None = None) -> None:
+    def __init__(self, no_worker_wait_s: float | None = None,
+                 offload: Offload | None = None) -> None:
+        self.offload = offload
+        self.speeds = SpeedBook()
+        self.now = 0.0   # the clock of the newest Tick
         self.requests: dict[str, Request] = {}
         self.workers: dict[str, Worker] = {}
         self.queue: deque[str] = deque()
@@ -236,7 +266,8 @@ class Dispatcher:
         known = self.workers.get(event.worker)
         if known is not None and known.state is not WorkerState.GONE:
             return [Ignored(event, f"worker {event.worker} is already known ({known.state.value})")]
-        self.workers[event.worker] = Worker(event.worker, event.slots)
+        self.workers[event.worker] = Worker(event.worker, event.slots, event.cls)
+        self.speeds.joined(event.worker, event.cls)
         return []
 
     def _on_NoticeReceived(self, event: NoticeReceived) -> list[Action]:
@@ -258,8 +289,10 @@ class Dispatcher:
         for name in sorted(worker.running, reverse=True):   # front of the queue, stable order
             request = self.requests[name]
             request.hard_preemptions += 1
-            self._requeue(request)
-            actions.append(Requeued(name, worker.name, request.committed_step, hard=True))
+            self._drop_attempts(request, worker.name)
+            if not request.live:   # no other attempt carries it on
+                self._requeue(request)
+                actions.append(Requeued(name, worker.name, request.committed_step, hard=True))
         worker.running.clear()
         return actions[::-1]
 
@@ -286,9 +319,14 @@ class Dispatcher:
         if request.state is RequestState.DONE:
             return [Ignored(event, f"request {event.request} was already done")]
         actions: list[Action] = []
-        if request.state is RequestState.RUNNING and event.attempt != request.attempt:
-            # An earlier attempt answered after all: its result is as good; stop the current one.
-            actions.append(Cancel(request.name, request.worker, request.attempt))
+        finished_on = request.live.get(event.attempt)
+        if event.seconds is not None and finished_on is not None:
+            self.speeds.observe(finished_on, event.seconds)
+        # Any other attempt (an earlier one answered after all, or a speculative twin): the
+        # first answer is as good as any; stop the rest.
+        actions += [Cancel(request.name, worker, attempt)
+                    for attempt, worker in sorted(request.live.items())
+                    if attempt != event.attempt]
         self._release(request)
         if request.name in self.queue:
             self.queue.remove(request.name)
@@ -299,13 +337,15 @@ class Dispatcher:
         request = self.requests.get(event.request)
         if request is None:
             return [Ignored(event, f"unknown request {event.request!r}")]
-        if request.state is not RequestState.RUNNING or event.attempt != request.attempt:
+        if request.state is not RequestState.RUNNING or event.attempt not in request.live:
             request.committed_step = max(request.committed_step, event.step)
             return [Ignored(event, f"attempt {event.attempt} of {event.request} is not running")]
-        worker = request.worker
+        worker = request.live[event.attempt]
         request.committed_step = max(request.committed_step, event.step)
         request.graceful_preemptions += 1
-        self._release(request)
+        self._drop_attempts(request, worker)
+        if request.live:   # its twin runs on
+            return self._retire_drained()
         self._requeue(request)
         return [Requeued(request.name, worker, request.committed_step, hard=False)] \
             + self._retire_drained()
@@ -313,17 +353,20 @@ class Dispatcher:
     def _on_ResultLost(self, event: ResultLost) -> list[Action]:
         request = self.requests.get(event.request)
         if request is None or request.state is not RequestState.RUNNING or \
-                event.attempt != request.attempt:
+                event.attempt not in request.live:
             return [Ignored(event, f"attempt {event.attempt} of {event.request} is not running")]
         request.committed_step = max(request.committed_step, event.step)
         if not event.worker_alive:   # the result went with its worker: a hard loss of it all
             return self._on_WorkerLost(WorkerLost(event.worker))
         request.hard_preemptions += 1   # computed, then lost in transit: run it again
-        self._release(request)
+        self._drop_attempts(request, event.worker)
+        if request.live:
+            return []
         self._requeue(request)
         return [Requeued(request.name, event.worker, request.committed_step, hard=True)]
 
     def _on_Tick(self, event: Tick) -> list[Action]:
+        self.now = max(self.now, event.now)
         starved = bool(self.queue) and not self.closed and not self.active_workers()
         if not starved:
             self._starved_since = None
@@ -341,7 +384,8 @@ class Dispatcher:
         actions: list[Action] = []
         for request in self.requests.values():
             if request.state is RequestState.RUNNING:
-                actions.append(Cancel(request.name, request.worker, request.attempt))
+                actions += [Cancel(request.name, worker, attempt)
+                            for attempt, worker in sorted(request.live.items())]
                 self._release(request)
             if request.state in (RequestState.RUNNING, RequestState.QUEUED):
                 request.state = RequestState.CANCELLED
@@ -350,14 +394,21 @@ class Dispatcher:
 
     # -- helpers ---------------------------------------------------------------------------
     def _requeue(self, request: Request) -> None:
-        request.state, request.worker = RequestState.QUEUED, None
+        request.state = RequestState.QUEUED
         self.queue.appendleft(request.name)
 
     def _release(self, request: Request) -> None:
-        worker = self.workers.get(request.worker) if request.worker else None
+        """Every attempt of ``request`` stops holding its worker's slot."""
+        for worker in set(request.live.values()):
+            self._drop_attempts(request, worker)
+
+    def _drop_attempts(self, request: Request, worker_name: str) -> None:
+        for attempt in [a for a, w in request.live.items() if w == worker_name]:
+            del request.live[attempt]
+            request.started.pop(attempt, None)
+        worker = self.workers.get(worker_name)
         if worker is not None:
             worker.running.discard(request.name)
-        request.worker = None
 
     def _retire_drained(self) -> list[Action]:
         out: list[Action] = []
@@ -373,19 +424,67 @@ class Dispatcher:
         if self.closed:
             return actions
         while self.queue:
-            takers = [w for w in self.workers.values() if w.free > 0]
+            takers = self._takers()
             if not takers:
                 break
             for worker in takers:
                 if not self.queue:
                     break
-                request = self.requests[self.queue.popleft()]
-                request.state, request.worker = RequestState.RUNNING, worker.name
-                request.attempt += 1
-                worker.running.add(request.name)
-                worker.assigned += 1
-                actions.append(Assign(request.name, worker.name, request.attempt,
-                                      request.committed_step))
+                actions.append(self._start(self.requests[self.queue.popleft()], worker))
+        if self.offload is not None and not self.queue:
+            actions += self._speculate()
+        return actions
+
+    def _start(self, request: Request, worker: Worker) -> Assign:
+        request.state = RequestState.RUNNING
+        request.attempt += 1
+        request.live[request.attempt] = worker.name
+        request.started[request.attempt] = self.now
+        worker.running.add(request.name)
+        worker.assigned += 1
+        return Assign(request.name, worker.name, request.attempt, request.committed_step)
+
+    def _takers(self) -> list[Worker]:
+        """Workers with a free slot that should pull now (with offload: those the
+        earliest-finish plan of the queue uses)."""
+        free = [w for w in self.workers.values() if w.free > 0]
+        if self.offload is None or not free:
+            return free
+        active = [w for w in self.workers.values() if w.state is WorkerState.ACTIVE]
+        ready = {w.name: self._ready_times(w) for w in active}
+        speeds = {w.name: self.speeds.estimate(w.name) for w in active}
+        chosen = set(planned_takers([w.name for w in free], ready, speeds, len(self.queue)))
+        return [w for w in free if w.name in chosen]
+
+    def _ready_times(self, worker: Worker) -> list[float]:
+        """When each slot of ``worker`` is expected to be free (now, for a free slot)."""
+        per = self.speeds.estimate(worker.name) or 0.0
+        busy = [max(self.now, self.requests[r].started.get(a, self.now) + per)
+                for r in worker.running
+                for a, w in self.requests[r].live.items() if w == worker.name]
+        return sorted(busy) + [self.now] * (worker.slots - len(busy))
+
+    def _speculate(self) -> list[Action]:
+        """Idle workers of the speculating classes re-run the request expected to end last,
+        when they would clearly finish it sooner (one twin per request)."""
+        actions: list[Action] = []
+        for worker in self.workers.values():
+            if worker.free <= 0 or worker.cls not in self.offload.speculate_on:
+                continue
+            mine = self.speeds.estimate(worker.name)
+            if mine is None:
+                continue
+            running = {}
+            for request in self.requests.values():
+                if request.state is RequestState.RUNNING and len(request.live) == 1 and \
+                        worker.name not in request.live.values():
+                    (attempt, on), = request.live.items()
+                    per = self.speeds.estimate(on)
+                    if per is not None:
+                        running[request.name] = request.started[attempt] + per
+            chosen = straggler(running, self.now + mine, self.offload.margin_s)
+            if chosen is not None:
+                actions.append(self._start(self.requests[chosen], worker))
         return actions
 
     def _starvation(self) -> list[Action]:
