@@ -20,7 +20,7 @@ from typing import Any, Callable
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored,
+from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored, Offload,
                                            NoticeReceived, RequestDone, RequestPreempted,
                                            RequestProgressed, RequestState, RequestSubmitted,
                                            Requeued, ResultLost, Retired, StageClosed, Starved,
@@ -67,23 +67,27 @@ class NoticeInbox:
 
 
 class RequestPool:
-    """Pull-based execution of one stage's requests on ``resource`` workers."""
+    """Pull-based execution of one stage's requests on the workers of ``resource`` (a worker
+    class, or several: a rollout pulled by gpu and spot workers alike, with ``offload``)."""
 
     def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec], config: PreemptionConfig,
-                 *, store=None, resource: str = SPOT, on_event: EventFn | None = None) -> None:
+                 *, store=None, resource: str | tuple[str, ...] = SPOT,
+                 offload: Offload | None = None, on_event: EventFn | None = None) -> None:
         self.cluster, self.client, self.config = cluster, cluster.client, config
-        self.store, self.resource = store, resource
+        self.resources = (resource,) if isinstance(resource, str) else tuple(resource)
+        self.store, self.resource = store, "/".join(self.resources)
         self.on_event = on_event or (lambda kind, info: None)
         self.specs = {spec.name: spec for spec in requests}
         if len(self.specs) != len(requests):
             raise ValueError("RequestPool: request names must be unique")
-        self.dispatcher = Dispatcher(no_worker_wait_s=config.no_spot_wait_s)
+        self.dispatcher = Dispatcher(no_worker_wait_s=config.no_spot_wait_s, offload=offload)
         self.results: dict[str, dict] = {}
         self.log: list[dict] = []          # every move of a request or worker, with its time
         self.error: BaseException | None = None
         self.gave_up: str | None = None    # why the pool stopped before every request finished
-        self._attempts: dict[Any, tuple[str, int, str]] = {}   # future -> request, attempt, worker
-        self._by_request: dict[str, Any] = {}
+        # future -> request, attempt, worker, when it was submitted (monotonic)
+        self._attempts: dict[Any, tuple[str, int, str, float]] = {}
+        self._by_attempt: dict[tuple[str, int], Any] = {}
         self._addresses: dict[str, str] = {}                   # worker address -> name
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
@@ -170,14 +174,15 @@ class RequestPool:
     def _sync_workers(self) -> None:
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
         now = {addr: info for addr, info in workers.items()
-               if info.get("resources", {}).get(self.resource, 0) > 0
+               if _worker_class(info, self.resources) is not None
                and info.get("status", "running") == "running"}
         for addr in sorted(set(self._addresses) - set(now)):
             self._lose(addr)
         for addr in sorted(set(now) - set(self._addresses)):
             self._addresses[addr] = str(now[addr].get("name", addr))
-            slots = int(now[addr]["resources"][self.resource])
-            self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots))))
+            cls = _worker_class(now[addr], self.resources)
+            slots = int(now[addr]["resources"][cls])
+            self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
 
     def _lose(self, addr: str) -> None:
         """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
@@ -198,11 +203,10 @@ class RequestPool:
     def _drop_attempts_on(self, addr: str) -> None:
         """Forget the attempts pinned to a vanished worker: they can never finish (no other
         worker may run them), and a result they left there went with the worker."""
-        for future, (request, _, worker) in list(self._attempts.items()):
+        for future, (request, attempt, worker, _) in list(self._attempts.items()):
             if worker == addr:
                 del self._attempts[future]
-                if self._by_request.get(request) is future:
-                    del self._by_request[request]
+                self._by_attempt.pop((request, attempt), None)
                 future.cancel()
 
     def _read_notices(self) -> None:
@@ -217,9 +221,8 @@ class RequestPool:
         entry = self._attempts.pop(future, None)
         if entry is None:
             return   # cancelled meanwhile (superseded, or its worker was lost)
-        request, attempt, worker = entry
-        if self._by_request.get(request) is future:
-            del self._by_request[request]
+        request, attempt, worker, submitted = entry
+        self._by_attempt.pop((request, attempt), None)
         if future.status == "cancelled":
             return
         if future.status == "error":
@@ -257,7 +260,8 @@ class RequestPool:
             self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, out["step"])))
             return
         self.results.setdefault(request, out)
-        self._apply(self.dispatcher.handle(RequestDone(request, attempt)))
+        self._apply(self.dispatcher.handle(RequestDone(request, attempt,
+                                                       time.monotonic() - submitted)))
 
     # -- actions ---------------------------------------------------------------------------
     def _apply(self, actions: list) -> None:
@@ -265,7 +269,7 @@ class RequestPool:
             if isinstance(action, Assign):
                 self._assign(action)
             elif isinstance(action, Cancel):
-                future = self._by_request.pop(action.request, None)
+                future = self._by_attempt.pop((action.request, action.attempt), None)
                 if future is not None:
                     self._attempts.pop(future, None)
                     future.cancel()
@@ -293,8 +297,8 @@ class RequestPool:
         future = self.client.submit(
             spec.fn, *spec.args, workers=[action.worker], allow_other_workers=False, pure=False,
             key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-{uuid.uuid4().hex[:6]}")
-        self._attempts[future] = (action.request, action.attempt, action.worker)
-        self._by_request[action.request] = future
+        self._attempts[future] = (action.request, action.attempt, action.worker, time.monotonic())
+        self._by_attempt[(action.request, action.attempt)] = future
         self._note("assigned", request=action.request, attempt=action.attempt,
                    worker=self._addresses.get(action.worker, action.worker),
                    resume_step=action.resume_step)
@@ -311,3 +315,9 @@ class RequestPool:
 
     def _note(self, kind: str, **info: Any) -> None:
         self.log.append({"kind": kind, "at": time.time(), **info})
+
+
+def _worker_class(info: dict, classes: tuple[str, ...]) -> str | None:
+    """The first of ``classes`` whose resource the worker ``info`` offers (None: none)."""
+    resources = info.get("resources", {})
+    return next((c for c in classes if resources.get(c, 0) > 0), None)
