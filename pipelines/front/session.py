@@ -267,8 +267,26 @@ def _refuse_existing_run(url: str | RunStore) -> None:
 
 def _cluster_for(config: RunConfig, client: Any) -> tuple[ClusterHandle, str]:
     if client is None:
-        return open_cluster(config.cluster, config.mode)
-    handle = ClusterHandle(client, owns_client=False)
-    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
-    register_worker_setup(client, config.cluster, embedded=False)
-    return handle, check_shape(handle, config.mode, config.cluster, address)
+        handle, mode = open_cluster(config.cluster, config.mode)
+    else:
+        handle = ClusterHandle(client, owns_client=False)
+        address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+        register_worker_setup(client, config.cluster, embedded=False)
+        mode = check_shape(handle, config.mode, config.cluster, address)
+    try:
+        _check_placement(config, handle)
+    except BaseException:
+        handle.close()
+        raise
+    return handle, mode
+
+
+def _check_placement(config: RunConfig, handle: ClusterHandle) -> None:
+    """Every stage has at least one worker of a class it may run on."""
+    present = handle.workers_by_class()
+    classes = config.placement.rollout
+    if not any(present.get(c) for c in classes):
+        raise ConfigError(f"placement.rollout = {classes}, but the cluster at {handle.where} has "
+                          f"no worker of those classes (it has "
+                          f"{ {c: len(n) for c, n in present.items()} }); start one (dask worker "
+                          f"ADDR --resources \"{classes[0]}=1\") or add 'gpu' to the placement")

@@ -24,6 +24,7 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration
+from pipelines.run.rollout import pulled_rollout
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
                                   ValidationResult)
@@ -192,6 +193,8 @@ class Driver:
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
+        if cfg.placement.pooled_rollout and not self.log.done(k, "rollout"):
+            it.records += pulled_rollout(self, k, it.prompts, it.selection.seeds)
         if self.log.done(k, "rollout"):   # read back into a gpu worker, never recomputed
             it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
                                         name="load-rollout")

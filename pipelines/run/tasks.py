@@ -158,8 +158,11 @@ class WorkerContext:
         arrays = self.store.get_arrays(stage, "rollout")
         if "latents" in arrays:
             latents = torch.from_numpy(arrays["latents"])
-        else:
-            latents = torch.from_numpy(np.asarray(self.store.read_trajectory(stage, ROLLOUT_REQUEST)))
+        else:   # one streamed batch, or one stream per prompt (a pulled rollout), in order
+            names = [ROLLOUT_REQUEST] if ROLLOUT_REQUEST in self.store.requests(stage) else \
+                sorted(self.store.requests(stage))
+            latents = torch.cat([torch.from_numpy(np.asarray(self.store.read_trajectory(stage, n)))
+                                 for n in names], dim=1)
             latents = latents.transpose(0, 1).contiguous()   # stored (step, batch, ...)
         sampler = self.config.sampler
         traj = Trajectory(latents.float(), torch.from_numpy(arrays["log_probs"]).float(),

@@ -26,7 +26,8 @@ from spotlight.config.base import ConfigError, Validated, build, replaced, spec
 from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, CostConfig,
                                        ExplorationConfig, FidelityConfig, GRPOConfig,
                                        InjectorConfig, ModelConfig, PlannerConfig,
-                                       PreemptionConfig, PretrainConfig, RewardConfig,
+                                       PlacementConfig, PreemptionConfig, PretrainConfig,
+                                       RewardConfig,
                                        SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
@@ -74,6 +75,7 @@ class RunConfig(Validated):
     fidelity: FidelityConfig = field(default_factory=FidelityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     injector: InjectorConfig = field(default_factory=InjectorConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})

@@ -355,6 +355,31 @@ class PreemptionConfig(Validated):
                               "empty; set preemption.notice_file to the path to watch")
 
 
+WORKER_CLASSES = ("gpu", "spot")
+
+
+@dataclass(kw_only=True, frozen=True)
+class PlacementConfig(Validated):
+    """Which worker classes run a stage."""
+
+    rollout: list[str] = spec(["gpu"], "Worker classes that pull the rollout's requests (one per "
+                              "prompt, its whole group): ['gpu'] runs the rollout as one batch on "
+                              "a gpu worker; with 'spot' every worker of the listed classes pulls "
+                              "requests, the tail goes to the fastest by measured speed and an "
+                              "idle gpu worker re-runs a straggling spot request.")
+
+    def validate(self) -> None:
+        bad = [c for c in self.rollout if c not in WORKER_CLASSES]
+        if not self.rollout or bad or len(set(self.rollout)) != len(self.rollout):
+            raise ConfigError(f"placement.rollout = {self.rollout}: list each of "
+                              f"{list(WORKER_CLASSES)} at most once, at least one")
+
+    @property
+    def pooled_rollout(self) -> bool:
+        """The rollout runs as pulled per-prompt requests (not one gpu batch)."""
+        return self.rollout != ["gpu"]
+
+
 @dataclass(kw_only=True, frozen=True)
 class InjectorConfig(Validated):
     """Preemption injection on the embedded cluster: a spot trace replay or a Poisson rate."""

@@ -1,0 +1,43 @@
+"""Rollouts pulled by gpu and spot workers (placement.rollout): one request per prompt, the same
+results whatever the placement, and a placement no worker can serve refused at start."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.front.session import Session
+from spotlight.config import ConfigError, load_config
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+
+def _one_iteration(yaml_path, url, placement):
+    config = load_config(yaml_path, {"placement.rollout": placement})
+    with Session.from_config(config, store=url, mode="vanilla") as session:
+        session.run(1)
+        store = session.store
+        rollouts = [t for t in store.get_json("iter-0/iteration", "tasks")["tasks"]
+                    if t["stage"] == "rollout"]
+        return (store.get_arrays("iter-000000/reward", "reward")["rewards"],
+                store.load_checkpoint(1).weights, rollouts, sorted(store.requests("iter-0/rollout")))
+
+
+def test_the_rollout_is_the_same_on_spot_workers_as_on_gpu_and_spot(tiny_run_yaml, tmp_path):
+    both = _one_iteration(tiny_run_yaml, str(tmp_path / "both"), ["gpu", "spot"])
+    spot = _one_iteration(tiny_run_yaml, str(tmp_path / "spot"), ["spot"])
+    np.testing.assert_array_equal(both[0], spot[0])
+    assert both[1].keys() == spot[1].keys()
+    for name in both[1]:
+        assert np.array_equal(both[1][name].numpy(), spot[1][name].numpy()), name
+    assert both[3] == spot[3] == ["p0000", "p0001"]   # one latent stream per prompt
+    assert spot[2] and all(t["worker"].startswith("spot-") for t in spot[2])
+    assert {t["request"] for t in both[2]} == {"p0000", "p0001"}
+
+
+def test_a_placement_no_worker_can_serve_is_refused_before_the_run_store(tiny_run_yaml,
+                                                                          tmp_path):
+    config = load_config(tiny_run_yaml, {"placement.rollout": ["spot"], "mode": "vanilla",
+                                         "cluster.spot_workers": 0})
+    with pytest.raises(ConfigError, match=r"placement.rollout = \['spot'\].*no worker"):
+        Session.from_config(config, store=str(tmp_path / "run"), mode="vanilla")
+    assert not (tmp_path / "run").exists()
