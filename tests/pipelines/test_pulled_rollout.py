@@ -18,14 +18,21 @@ def _one_iteration(yaml_path, url, placement):
         store = session.store
         rollouts = [t for t in store.get_json("iter-0/iteration", "tasks")["tasks"]
                     if t["stage"] == "rollout"]
+        names = sorted(store.requests("iter-0/rollout"))
+        latents = np.concatenate([np.asarray(store.read_trajectory("iter-0/rollout", n))
+                                  for n in names], axis=1)
         return (store.get_arrays("iter-000000/reward", "reward")["rewards"],
-                store.load_checkpoint(1).weights, rollouts, sorted(store.requests("iter-0/rollout")))
+                store.load_checkpoint(1).weights, rollouts, names,
+                store.get_arrays("iter-000000/rollout", "rollout")["log_probs"], latents)
 
 
 def test_the_rollout_is_the_same_on_spot_workers_as_on_gpu_and_spot(tiny_run_yaml, tmp_path):
     both = _one_iteration(tiny_run_yaml, str(tmp_path / "both"), ["gpu", "spot"])
     spot = _one_iteration(tiny_run_yaml, str(tmp_path / "spot"), ["spot"])
     np.testing.assert_array_equal(both[0], spot[0])
+    np.testing.assert_array_equal(both[4], spot[4])   # log-probabilities
+    np.testing.assert_array_equal(both[5], spot[5])   # every step's latents
+    assert np.abs(both[4]).sum() > 0 and both[5].shape[:2] == (4, 8)
     assert both[1].keys() == spot[1].keys()
     for name in both[1]:
         assert np.array_equal(both[1][name].numpy(), spot[1][name].numpy()), name
