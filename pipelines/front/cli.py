@@ -228,8 +228,9 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                         "exactly as stored: only --iterations (extend or shorten it) and "
                         "--scheduler (another cluster) may go with it; --config, --set, --mode, "
                         "--store and --preempt-* are refused")
-    p.add_argument("--mode", choices=("spotlight", "vanilla", "sync"), default=None,
-                   help="spotlight (stale exploration on spot), sync, or vanilla (default: config)")
+    p.add_argument("--mode", choices=("spotlight", "vanilla", "sync", "rlboost"), default=None,
+                   help="spotlight (stale exploration on spot), sync, vanilla, or rlboost "
+                        "(rollouts on gpu and spot, no exploration) (default: config)")
     p.add_argument("--preempt-trace", metavar="PATH", default=None,
                    help="replay a spot trace (count JSON or event CSV) against the embedded "
                         "cluster's spot workers: real SIGKILLs / notices, new workers on rises")

@@ -71,9 +71,9 @@ class Session:
         else:
             config = load_config(path, overrides)
         if mode is not None:
-            if mode not in ("spotlight", "sync", "vanilla"):
-                raise ConfigError(f"mode {mode!r} is not one of spotlight, sync, vanilla")
-            config = config.with_values({"mode": mode})
+            if mode not in MODES:
+                raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+            config = config.with_values(mode_values(config, mode))
         # Everything is checked before anything is written: the config and its files (above),
         # the store URL (no run there yet), the cluster; only then is the run store created.
         url = store if isinstance(store, RunStore) else (store or config.store or
@@ -250,6 +250,18 @@ class Session:
 
 
 __all__ = ["Session", "RunInterrupted"]
+
+
+MODES = ("spotlight", "sync", "vanilla", "rlboost")
+
+
+def mode_values(config: RunConfig, mode: str) -> dict:
+    """The config changes of running ``config`` in ``mode``: 'rlboost' also rolls out on spot
+    workers unless the config already places the rollout there."""
+    changes: dict[str, Any] = {"mode": mode}
+    if mode == "rlboost" and "spot" not in config.placement.rollout:
+        changes["placement.rollout"] = [*config.placement.rollout, "spot"]
+    return changes
 
 
 def _refuse_existing_run(url: str | RunStore) -> None:

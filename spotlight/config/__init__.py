@@ -66,8 +66,10 @@ class RunConfig(Validated):
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     mode: str = spec("spotlight", "'spotlight' (stale-weight exploration on spot workers during "
                                   "training), 'sync' (exploration on gpu workers before the "
-                                  "rollout) or 'vanilla' (random seeds).",
-                     choices=("spotlight", "sync", "vanilla"))
+                                  "rollout), 'vanilla' (random seeds) or 'rlboost' (random "
+                                  "seeds, rollouts pulled by gpu and spot workers: RLBoost's "
+                                  "hybrid rollout, the paper's baseline).",
+                     choices=("spotlight", "sync", "vanilla", "rlboost"))
     store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
     stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
@@ -111,7 +113,7 @@ def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
 def check_run(config: "RunConfig") -> None:
     """Cross-section checks of a whole run."""
     grpo, explore, sampler = config.grpo, config.exploration, config.sampler
-    if config.mode != "vanilla" and explore.candidates < grpo.group_size:
+    if config.mode in ("spotlight", "sync") and explore.candidates < grpo.group_size:
         raise ConfigError(
             f"exploration.candidates = {explore.candidates} cannot fill a group of "
             f"grpo.group_size = {grpo.group_size}; explore at least {grpo.group_size} "
@@ -128,6 +130,9 @@ def check_run(config: "RunConfig") -> None:
             f"{sampler.sde_window_size}); use 0 (the rollout's steps) or a count between the "
             f"window's end and num_steps")
     _check_planner_arms(config)
+    if config.mode == "rlboost" and "spot" not in config.placement.rollout:
+        raise ConfigError(f"mode 'rlboost' rolls out on spot workers too, but placement.rollout "
+                          f"= {config.placement.rollout}; set placement.rollout: [gpu, spot]")
     cluster = config.cluster
     if not cluster.scheduler and cluster.spot_workers == 0 and config.mode == "spotlight" and \
             cluster.missing_spot == "error":
@@ -139,7 +144,7 @@ def check_run(config: "RunConfig") -> None:
 
 def _check_planner_arms(config: "RunConfig") -> None:
     planner, sampler, group = config.planner, config.sampler, config.grpo.group_size
-    if config.mode == "vanilla" or not planner.enabled:
+    if config.mode in ("vanilla", "rlboost") or not planner.enabled:
         return
     small = [n for n in planner.candidates if n <= group]
     if small:

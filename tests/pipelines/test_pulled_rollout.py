@@ -11,13 +11,14 @@ from spotlight.config import ConfigError, load_config
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
-def _one_iteration(yaml_path, url, placement):
-    config = load_config(yaml_path, {"placement.rollout": placement})
-    with Session.from_config(config, store=url, mode="vanilla") as session:
+def _one_iteration(yaml_path, url, placement=None, mode="vanilla"):
+    config = load_config(yaml_path, {"placement.rollout": placement} if placement else {})
+    with Session.from_config(config, store=url, mode=mode) as session:
         session.run(1)
         store = session.store
-        rollouts = [t for t in store.get_json("iter-0/iteration", "tasks")["tasks"]
-                    if t["stage"] == "rollout"]
+        tasks = store.get_json("iter-0/iteration", "tasks")["tasks"]
+        assert not [t for t in tasks if t["stage"] == "explore"]
+        rollouts = [t for t in tasks if t["stage"] == "rollout"]
         names = sorted(store.requests("iter-0/rollout"))
         latents = np.concatenate([np.asarray(store.read_trajectory("iter-0/rollout", n))
                                   for n in names], axis=1)
@@ -27,7 +28,8 @@ def _one_iteration(yaml_path, url, placement):
 
 
 def test_the_rollout_is_the_same_on_spot_workers_as_on_gpu_and_spot(tiny_run_yaml, tmp_path):
-    both = _one_iteration(tiny_run_yaml, str(tmp_path / "both"), ["gpu", "spot"])
+    # Mode rlboost: random seeds, the rollout pulled by gpu and spot workers.
+    both = _one_iteration(tiny_run_yaml, str(tmp_path / "both"), mode="rlboost")
     spot = _one_iteration(tiny_run_yaml, str(tmp_path / "spot"), ["spot"])
     np.testing.assert_array_equal(both[0], spot[0])
     np.testing.assert_array_equal(both[4], spot[4])   # log-probabilities
