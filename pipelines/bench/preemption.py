@@ -76,14 +76,31 @@ def _run(config: RunConfig, url: str, iterations: int) -> dict:
 
 
 def _dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
-    """The pull-dispatch record of every spot stage (explorations and audits) of the run."""
+    """The pull-dispatch record of every pulled stage of the run: explorations, audits and
+    (with ``placement.rollout`` on spot) rollouts."""
     out = []
     for k in range(iterations + 1):
+        record = store.stage_record(tasks.stage_name(k, "rollout")) or {}
+        summary = (record.get("task") or {}).get("dispatch")
+        if summary:
+            out.append({"stage": tasks.stage_name(k, "rollout"), "summary": summary})
         for stage, name in (("explore", "candidates"), ("audit", "audit")):
             if store.is_stage_done(tasks.stage_name(k, stage)):
                 data = store.get_json(tasks.stage_name(k, stage), name)
                 if data.get("dispatch"):
                     out.append({"stage": tasks.stage_name(k, stage), **data["dispatch"]})
+    return out
+
+
+def preemptions_by_stage(dispatch: list[dict]) -> dict[str, dict[str, int]]:
+    """Hard and graceful preemptions of requests per kind of stage (explore, audit, rollout)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in dispatch:
+        kind = entry["stage"].rsplit("/", 1)[-1]
+        into = out.setdefault(kind, {"requests": 0, "hard": 0, "graceful": 0})
+        into["requests"] += entry["summary"]["requests"]
+        into["hard"] += entry["summary"]["preemptions_hard"]
+        into["graceful"] += entry["summary"]["preemptions_graceful"]
     return out
 
 
@@ -221,8 +238,10 @@ def balance(config: RunConfig, url: str) -> dict:
 @register_bench("preemption")
 def bench_preemption(quick: bool = False, config: str | None = None, trace: str | None = None,
                      time_scale: float | None = None, iterations: int | None = None,
-                     json_path: str | None = None, **_: object) -> dict:
+                     json_path: str | None = None, overrides: dict | None = None,
+                     **_: object) -> dict:
     started = time.monotonic()
+    user_overrides = overrides or {}
     trace_path = Path(trace) if trace else default_trace()
     overrides = {"planner.enabled": False, "exploration.deadline": False,
                  "cluster.spot_workers": 2, "cluster.dashboard": False,
@@ -233,7 +252,7 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         overrides.update({"grpo.prompts_per_iteration": 4, "grpo.group_size": 4,
                           "grpo.micro_batch": 16, "validation.max_prompts": 8,
                           "exploration.candidates": 8, "exploration.request_batch": 4})
-    cfg = load_config(config or shipped_config("digits.yaml"), overrides)
+    cfg = load_config(config or shipped_config("digits.yaml"), {**overrides, **user_overrides})
     iterations = iterations or (3 if quick else 6)
     pretrain(cfg)
     build_reward(cfg.reward)
@@ -256,6 +275,8 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         "preemptions": {"hard": sum(s["preemptions_hard"] for s in summaries),
                         "graceful": sum(s["preemptions_graceful"] for s in summaries),
                         "injected": chaos["injector_summary"]},
+        "preemptions_by_stage": preemptions_by_stage(chaos["dispatch"]),
+        "placement": {"rollout": list(cfg.placement.rollout)},
         **figures,
         "iteration_time_inflation": wall(chaos) / wall(clean),
         "iteration_s": {"clean": [r.wall_s for r in clean["results"]],

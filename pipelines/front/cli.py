@@ -144,9 +144,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["trace"] = args.trace
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
-    if args.set and args.name not in ("convergence", "overhead"):
-        print("error: --set applies to 'bench convergence' and 'bench overhead'; the other "
-              "benchmarks measure their documented settings", file=sys.stderr)
+    if args.set and args.name not in ("convergence", "overhead", "preemption"):
+        print("error: --set applies to 'bench convergence', 'overhead' and 'preemption'; the "
+              "other benchmarks measure their documented settings", file=sys.stderr)
         return 2
     if args.modes and args.name != "convergence":
         print("error: --modes applies to 'bench convergence' only", file=sys.stderr)

@@ -50,3 +50,16 @@ def test_a_placement_no_worker_can_serve_is_refused_before_the_run_store(tiny_ru
     with pytest.raises(ConfigError, match=r"placement.rollout = \['spot'\].*no worker"):
         Session.from_config(config, store=str(tmp_path / "run"), mode="vanilla")
     assert not (tmp_path / "run").exists()
+
+
+def test_preemptions_are_counted_per_kind_of_stage():
+    from pipelines.bench.preemption import preemptions_by_stage
+
+    summary = lambda n, hard, graceful: {"requests": n, "preemptions_hard": hard,  # noqa: E731
+                                         "preemptions_graceful": graceful}
+    found = preemptions_by_stage([
+        {"stage": "iter-000001/explore", "summary": summary(8, 1, 0)},
+        {"stage": "iter-000001/rollout", "summary": summary(4, 2, 1)},
+        {"stage": "iter-000002/rollout", "summary": summary(4, 0, 1)}])
+    assert found == {"explore": {"requests": 8, "hard": 1, "graceful": 0},
+                     "rollout": {"requests": 8, "hard": 2, "graceful": 2}}
