@@ -72,7 +72,8 @@ class RequestPool:
 
     def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec], config: PreemptionConfig,
                  *, store=None, resource: str | tuple[str, ...] = SPOT,
-                 offload: Offload | None = None, on_event: EventFn | None = None) -> None:
+                 offload: Offload | None = None, on_event: EventFn | None = None,
+                 warm_up: Callable[[str], Any] | None = None) -> None:
         self.cluster, self.client, self.config = cluster, cluster.client, config
         self.resources = (resource,) if isinstance(resource, str) else tuple(resource)
         self.store, self.resource = store, "/".join(self.resources)
@@ -89,6 +90,13 @@ class RequestPool:
         self._attempts: dict[Any, tuple[str, int, str, float]] = {}
         self._by_attempt: dict[tuple[str, int], Any] = {}
         self._addresses: dict[str, str] = {}                   # worker address -> name
+        # Workers that join while the pool runs load the weights first (``warm_up(address)``
+        # -> a future of a task pinned there) and only then pull: RLBoost's newcomers.
+        self._warm_up = warm_up
+        self._warming: dict[str, tuple[Any, float]] = {}   # address -> future, seen at
+        self._seen_at: dict[str, float] = {}
+        self.newcomer_ready_s: list[float] = []   # joining -> first request, per newcomer
+        self._starting = True
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
         self._stop = threading.Event()
@@ -98,6 +106,7 @@ class RequestPool:
         # Workers first: queueing requests before the pool has seen any worker would announce
         # "no spot worker left" while every spot worker is alive.
         self._sync_workers()
+        self._starting = False
         for name in self.specs:
             self._apply(self.dispatcher.handle(RequestSubmitted(name)))
         self._thread.start()
@@ -136,6 +145,7 @@ class RequestPool:
                 "preemptions_graceful": sum(r.graceful_preemptions for r in reqs),
                 "max_preemptions_of_one_request": max((r.preemptions for r in reqs), default=0),
                 "attempts": sum(r.attempt for r in reqs),
+                "newcomer_ready_s": list(self.newcomer_ready_s),
                 "assigned_per_worker": {w.name: w.assigned
                                         for w in self.dispatcher.workers.values()},
                 "gave_up": self.gave_up}
@@ -178,11 +188,28 @@ class RequestPool:
                and info.get("status", "running") == "running"}
         for addr in sorted(set(self._addresses) - set(now)):
             self._lose(addr)
-        for addr in sorted(set(now) - set(self._addresses)):
-            self._addresses[addr] = str(now[addr].get("name", addr))
-            cls = _worker_class(now[addr], self.resources)
-            slots = int(now[addr]["resources"][cls])
-            self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
+        for addr in sorted(set(now) - set(self._addresses) - set(self._warming)):
+            if self._warm_up is not None and not self._starting:
+                self._warming[addr] = (self._warm_up(addr), time.monotonic())
+                self._note("warming_up", worker=str(now[addr].get("name", addr)))
+                continue
+            self._join(addr, now[addr])
+        for addr, (future, seen) in list(self._warming.items()):
+            if addr not in now:
+                del self._warming[addr]
+                future.cancel()
+            elif future.done():
+                del self._warming[addr]
+                if future.status == "error":
+                    raise task_error(future.exception(), "a newcomer's weights", self.resource)
+                self._seen_at[addr] = seen
+                self._join(addr, now[addr])
+
+    def _join(self, addr: str, info: dict) -> None:
+        self._addresses[addr] = str(info.get("name", addr))
+        cls = _worker_class(info, self.resources)
+        slots = int(info["resources"][cls])
+        self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
 
     def _lose(self, addr: str) -> None:
         """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
@@ -298,6 +325,9 @@ class RequestPool:
             spec.fn, *spec.args, workers=[action.worker], allow_other_workers=False, pure=False,
             key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-{uuid.uuid4().hex[:6]}")
         self._attempts[future] = (action.request, action.attempt, action.worker, time.monotonic())
+        seen = self._seen_at.pop(action.worker, None)
+        if seen is not None:   # a newcomer's first request: how long joining took
+            self.newcomer_ready_s.append(time.monotonic() - seen)
         self._by_attempt[(action.request, action.attempt)] = future
         self._note("assigned", request=action.request, attempt=action.attempt,
                    worker=self._addresses.get(action.worker, action.worker),

@@ -19,6 +19,7 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, SPOT, Absence, ClusterHandle, task_error
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
+from pipelines.run.rollout import newcomer_warm_up
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
@@ -99,8 +100,11 @@ class Exploration:
         workers and with ``preemption.dispatch: push``, submitted at once as futures."""
         run = self.run
         if resource == SPOT and self.config.preemption.dispatch == "pull":
+            version = requests[0].args[2].version if requests else 0
             return RequestPool(run.cluster, requests, self.config.preemption, store=run.store,
-                               on_event=lambda kind, info: run.emit(kind, stage=stage, **info))
+                               on_event=lambda kind, info: run.emit(kind, stage=stage, **info),
+                               warm_up=newcomer_warm_up(run.cluster.client, self.config,
+                                                        run.store, version))
         return [run.submit(spec.fn, *spec.args, resource=resource, name=stage)
                 for spec in requests]
 

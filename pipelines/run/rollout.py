@@ -67,6 +67,19 @@ def rollout_chunk_task(config, store, chunk: RolloutChunk) -> dict:
                                         **progress)}
 
 
+def newcomer_warm_up(client, config, store, version: int):
+    """``warm_up`` of a :class:`RequestPool`: a worker that joins mid-stage loads weights
+    ``version`` (checked against the run store's checkpoint) before it pulls a request."""
+    import uuid
+
+    def submit(address: str):
+        return client.submit(tasks.warm_up_task, config, store, version, workers=[address],
+                             allow_other_workers=False, pure=False,
+                             key=f"newcomer-{version}-{uuid.uuid4().hex[:8]}")
+
+    return submit
+
+
 def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> list:
     """Run iteration ``iteration``'s rollout as pulled requests; write ``rollout.npz`` and
     record the stage. Returns the requests' task records (for the timeline)."""
@@ -79,7 +92,8 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
              for c in chunks]
     pool = RequestPool(driver.cluster, specs, config.preemption, store=store, resource=classes,
                        offload=Offload(speculate_on=("gpu",)) if len(classes) > 1 else None,
-                       on_event=lambda kind, info: driver.emit(kind, stage="rollout", **info))
+                       on_event=lambda kind, info: driver.emit(kind, stage="rollout", **info),
+                       warm_up=newcomer_warm_up(driver.cluster.client, config, store, iteration))
     gpu = Absence(driver.cluster, GPU, config.cluster.worker_wait_s, "the rollout")
     try:
         while not pool.wait(0.5):

@@ -11,6 +11,7 @@ from pipelines.cluster import dispatch as dispatch_glue
 from pipelines.run import tasks
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.injector import SpotFleet
+from pipelines.run.rollout import newcomer_warm_up
 from pipelines.front.session import Session
 from spotlight.config import load_config
 from storage import RunStore
@@ -49,7 +50,7 @@ def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clea
 
         fleet = SpotFleet(handle, config.cluster)
         pool = RequestPool(handle, [explore_spec(session, "chaos", seeds)], config.preemption,
-                           store=store)
+                           store=store, warm_up=newcomer_warm_up(handle.client, config, store, 0))
         stage = tasks.stage_name(0, "chaos")
         kills, attempt = 0, 0
         while kills < 3:
@@ -71,6 +72,9 @@ def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clea
 
     summary = pool.summary()
     assert summary["max_preemptions_of_one_request"] == 3 and summary["preemptions_hard"] == 3
+    # Each replacement joined mid-stage: it loaded the weights, then pulled the request.
+    assert len(summary["newcomer_ready_s"]) == 3
+    assert [m["kind"] for m in pool.log].count("warming_up") == 3
     assert summary["finished"] == 1
     np.testing.assert_array_equal(out["rewards"], reference["rewards"])
     run = RunStore.open(str(tmp_path / "run"), create=False)
