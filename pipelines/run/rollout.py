@@ -115,6 +115,5 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
     log_probs = np.concatenate([results[c.name]["log_probs"] for c in chunks])
     store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
     records = [results[c.name]["record"] for c in chunks]
-    driver.log.record(iteration, "rollout", RolloutResult({"stage": "rollout",
-                                                           "dispatch": summary}))
+    driver.log.record(iteration, "rollout", RolloutResult(dispatch=summary))
     return records

@@ -105,6 +105,7 @@ class RolloutResult(StageResult):
 
     KIND: ClassVar[str] = "rollout"
     task: dict | None = None
+    dispatch: dict | None = None   # a pulled rollout's dispatch summary (placement.rollout)
 
 
 @dataclass(frozen=True)
