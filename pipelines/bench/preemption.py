@@ -81,7 +81,7 @@ def _dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
     out = []
     for k in range(iterations + 1):
         record = store.stage_record(tasks.stage_name(k, "rollout")) or {}
-        summary = record.get("dispatch")
+        summary = (record.get("info") or record).get("dispatch")
         if summary:
             out.append({"stage": tasks.stage_name(k, "rollout"), "summary": summary})
         for stage, name in (("explore", "candidates"), ("audit", "audit")):

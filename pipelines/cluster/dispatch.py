@@ -175,7 +175,8 @@ class RequestPool:
                 with self._lock:
                     for future in done:
                         self._settle(future)
-                    self._apply(self.dispatcher.handle(Tick(time.monotonic())))
+                    self._apply(self.dispatcher.handle(Tick(time.monotonic(),
+                                                            arriving=len(self._warming))))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = exc
         finally:

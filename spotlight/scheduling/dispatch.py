@@ -13,11 +13,9 @@ longest. Every attempt has its own number, so a late answer from an earlier atte
 recognised; by the determinism contract any finished attempt gives the same result, so the
 first answer wins and the others are cancelled.
 
-With :class:`Offload` settings (rollouts pulled by on-demand and spot workers alike) the queue's
-tail goes to whoever finishes it first by measured speed, and an idle worker of an
-``offload.speculate_on`` class re-runs a request expected to end clearly later on its current
-worker (see :mod:`spotlight.scheduling.offload`): the request then has two live attempts, the
-first to finish wins and the other is cancelled, and losing one of them requeues nothing.
+With :class:`Offload` (see :mod:`spotlight.scheduling.offload`) the queue's tail goes to whoever
+finishes it first by measured speed, and an idle worker of an ``offload.speculate_on`` class
+re-runs a straggler: two live attempts, the first to finish wins, losing one requeues nothing.
 """
 from __future__ import annotations
 
@@ -90,9 +88,12 @@ class ResultLost:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passes (the glue's clock, in seconds): starvation may have lasted too long."""
+    """Time passes (the glue's clock, in seconds): starvation may have lasted too long.
+    ``arriving``: workers that joined the cluster and are still loading weights (not starved
+    while they come)."""
 
     now: float
+    arriving: int = 0
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,8 @@ class Dispatcher:
 
     def _on_Tick(self, event: Tick) -> list[Action]:
         self.now = max(self.now, event.now)
-        starved = bool(self.queue) and not self.closed and not self.active_workers()
+        starved = bool(self.queue) and not self.closed and not self.active_workers() \
+            and not event.arriving
         if not starved:
             self._starved_since = None
             return []

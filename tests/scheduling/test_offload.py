@@ -141,3 +141,14 @@ def test_without_offload_nothing_is_held_back_or_duplicated():
     d.handle(RequestDone("b", 1, seconds=9.0))
     out = d.handle(RequestSubmitted("c"))
     assert len(assigned(out)) == 1 and all(len(r.live) <= 1 for r in d.requests.values())
+
+
+def test_workers_still_loading_weights_keep_the_stage_from_giving_up():
+    from spotlight.scheduling.dispatch import GaveUp
+
+    d = Dispatcher(no_worker_wait_s=10.0)
+    d.handle(RequestSubmitted("r0"))
+    d.handle(Tick(0.0))
+    assert not [a for a in d.handle(Tick(30.0, arriving=1)) if isinstance(a, GaveUp)]
+    d.handle(Tick(31.0))   # the newcomer vanished before it was ready: the clock starts over
+    assert [a for a in d.handle(Tick(42.0)) if isinstance(a, GaveUp)] == [GaveUp(11.0, 1)]
