@@ -31,7 +31,7 @@ from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
 from spotlight.scheduling.traces import load_trace, replay_schedule, scale_to_cap
-from storage import RunStore
+from storage import RunStore, stage_key
 
 DEFAULT_TRACE = "g4dn-events.csv"
 MIN_DROP_GAP_S = 8.0   # the default time scale spaces drops about this far apart (median)
@@ -80,10 +80,10 @@ def _dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
     (with ``placement.rollout`` on spot) rollouts."""
     out = []
     for k in range(iterations + 1):
-        record = store.stage_record(tasks.stage_name(k, "rollout")) or {}
-        summary = (record.get("info") or record).get("dispatch")
-        if summary:
-            out.append({"stage": tasks.stage_name(k, "rollout"), "summary": summary})
+        rollout = tasks.stage_name(k, "rollout")
+        if store.is_stage_done(rollout) and store.location.exists(stage_key(rollout),
+                                                                  "dispatch.json"):
+            out.append({"stage": rollout, **store.get_json(rollout, "dispatch")})
         for stage, name in (("explore", "candidates"), ("audit", "audit")):
             if store.is_stage_done(tasks.stage_name(k, stage)):
                 data = store.get_json(tasks.stage_name(k, stage), name)

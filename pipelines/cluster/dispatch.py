@@ -95,6 +95,7 @@ class RequestPool:
         self._warm_up = warm_up
         self._warming: dict[str, tuple[Any, float]] = {}   # address -> future, seen at
         self._seen_at: dict[str, float] = {}
+        self._noticed: set[str] = set()   # noticed before they joined: never given work
         self.newcomer_ready_s: list[float] = []   # joining -> first request, per newcomer
         self._starting = True
         self._inbox = NoticeInbox.of(self.client)
@@ -189,7 +190,8 @@ class RequestPool:
                and info.get("status", "running") == "running"}
         for addr in sorted(set(self._addresses) - set(now)):
             self._lose(addr)
-        for addr in sorted(set(now) - set(self._addresses) - set(self._warming)):
+        known = set(self._addresses) | set(self._warming) | self._noticed
+        for addr in sorted(set(now) - known):
             if self._warm_up is not None and not self._starting:
                 self._warming[addr] = (self._warm_up(addr), time.monotonic())
                 self._note("warming_up", worker=str(now[addr].get("name", addr)))
@@ -242,6 +244,11 @@ class RequestPool:
         self._seen_notices += len(fresh)
         for notice in fresh:
             self._note("notice", worker=notice.get("name"), source=notice.get("source"))
+            warming = self._warming.pop(notice["worker"], None)
+            if warming is not None:   # noticed while loading weights: it never joins
+                warming[0].cancel()
+                self._noticed.add(notice["worker"])
+                continue
             self._apply(self.dispatcher.handle(NoticeReceived(notice["worker"],
                                                               notice.get("source", ""))))
 

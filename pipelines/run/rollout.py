@@ -114,6 +114,7 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
                            f"add workers of {list(classes)} and resume the run")
     log_probs = np.concatenate([results[c.name]["log_probs"] for c in chunks])
     store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
+    store.put_json(stage, "dispatch", {"summary": summary, "log": pool.log})
     records = [results[c.name]["record"] for c in chunks]
     driver.log.record(iteration, "rollout", RolloutResult(dispatch=summary))
     return records
