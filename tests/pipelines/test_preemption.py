@@ -37,7 +37,7 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clean_one(
+def test_one_request_hard_killed_twice_resumes_each_time_and_equals_a_clean_one(
         tiny_run_yaml, tmp_path):
     config = load_config(tiny_run_yaml, {"sampler.num_steps": 300})
     seeds = np.arange(3)
@@ -53,7 +53,7 @@ def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clea
                            store=store, warm_up=newcomer_warm_up(handle.client, config, store, 0))
         stage = tasks.stage_name(0, "chaos")
         kills, attempt = 0, 0
-        while kills < 3:
+        while kills < 2:
             # Wait for a new attempt to run, then for it to commit a step of its own: kill then.
             attempt = wait_until(lambda: pool.dispatcher.requests["r"].attempt > attempt
                                  and pool.dispatcher.requests["r"].worker
@@ -63,7 +63,7 @@ def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clea
             wait_until(lambda: (store.latents.commit_record(stage, REQUEST) or {"step": -1})
                        ["step"] > before, 120, "a committed step")
             holder = pool._addresses[pool.dispatcher.requests["r"].worker]
-            assert not pool.done, "the request finished before it was preempted three times"
+            assert not pool.done, "the request finished before it was preempted twice"
             assert fleet.preempt(holder, "kill")
             fleet.add(1)
             kills += 1
@@ -71,16 +71,16 @@ def test_one_request_hard_killed_three_times_resumes_each_time_and_equals_a_clea
         out = pool.close()["r"]
 
     summary = pool.summary()
-    assert summary["max_preemptions_of_one_request"] == 3 and summary["preemptions_hard"] == 3
+    assert summary["max_preemptions_of_one_request"] == 2 and summary["preemptions_hard"] == 2
     # Each replacement joined mid-stage: it loaded the weights, then pulled the request.
-    assert len(summary["newcomer_ready_s"]) == 3
-    assert [m["kind"] for m in pool.log].count("warming_up") == 3
+    assert len(summary["newcomer_ready_s"]) == 2
+    assert [m["kind"] for m in pool.log].count("warming_up") == 2
     assert summary["finished"] == 1
     np.testing.assert_array_equal(out["rewards"], reference["rewards"])
     run = RunStore.open(str(tmp_path / "run"), create=False)
     chaos = np.asarray(run.read_trajectory(stage, REQUEST))
     np.testing.assert_array_equal(chaos, np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
-    assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 3
+    assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 2
     assert out["record"]["resumed_from"] > 0
 
 

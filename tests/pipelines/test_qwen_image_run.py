@@ -58,7 +58,7 @@ def test_a_spot_worker_killed_mid_exploration_resumes_from_its_last_committed_st
     from tests.pipelines.test_preemption import REQUEST, explore_spec, wait_until
 
     config = load_config(PROJECT_ROOT / "configs" / "qwen-image-tiny.yaml",
-                         {"sampler.num_steps": 400})
+                         {"sampler.num_steps": 400, "model.true_cfg": 1.0})
     seeds = np.arange(3)
     with Session.from_config(config, store=str(tmp_path / "run")) as session:
         store, handle = session.store, session.cluster
