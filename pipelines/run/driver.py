@@ -23,7 +23,7 @@ import numpy as np
 
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
-from pipelines.run.exploration import Exploration
+from pipelines.run.exploration import Exploration, explore_window
 from pipelines.run.rollout import pulled_rollout
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
@@ -180,7 +180,7 @@ class Driver:
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
         audit_done = self.log.done(k, "audit")
         it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
-        if it.explores and self.config.exploration.window == "iteration":
+        if it.explores and explore_window(self.config) == "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
         return it
 
@@ -231,7 +231,7 @@ class Driver:
         if it.spotlight:
             it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
             self.exploration.record_plan_outcome(k, it.adv)
-        if it.explores and self.config.exploration.window != "iteration":
+        if it.explores and explore_window(self.config) != "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
 
     def _train(self, it: "IterationState") -> None:

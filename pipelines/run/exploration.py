@@ -49,6 +49,12 @@ class RunContext(Protocol):
     def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
 
 
+def explore_window(config: RunConfig) -> str:
+    """When stale exploration may run: ``exploration.window``, but only while the gpu workers
+    train when spot workers also pull the rollout (they are busy with it until then)."""
+    return "train" if "spot" in config.placement.rollout else config.exploration.window
+
+
 def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
     """The N candidate seeds of each prompt explored for ``iteration`` (deterministic)."""
     return random_seeds(run_seed + 7919, iteration, prompts, candidates)
@@ -290,7 +296,7 @@ class Exploration:
         out = []
         for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
             seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
-                                           self.config.exploration.window)
+                                           explore_window(self.config))
             if seconds is not None:
                 out.append(seconds)
         return out

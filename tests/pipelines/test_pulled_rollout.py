@@ -63,3 +63,13 @@ def test_preemptions_are_counted_per_kind_of_stage():
         {"stage": "iter-000002/rollout", "summary": summary(4, 0, 1)}])
     assert found == {"explore": {"requests": 8, "hard": 1, "graceful": 0},
                      "rollout": {"requests": 8, "hard": 2, "graceful": 2}}
+
+
+def test_with_spot_rollouts_exploration_waits_for_the_training_window(tiny_run_yaml, tmp_path):
+    config = load_config(tiny_run_yaml, {"placement.rollout": ["gpu", "spot"]})
+    with Session.from_config(config, store=str(tmp_path / "run"), mode="spotlight") as session:
+        session.run(2)   # iteration 0 explores for iteration 1
+        tasks = session.store.get_json("iter-0/iteration", "tasks")["tasks"]
+    rollout_end = max(t["end"] for t in tasks if t["stage"] == "rollout")
+    explores = [t for t in tasks if t["stage"] == "explore"]
+    assert explores and min(t["start"] for t in explores) >= rollout_end
