@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.cluster import GPU, Absence
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.preemption import StopAtStep
 from pipelines.run import tasks
@@ -94,19 +93,12 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
                        offload=Offload(speculate_on=("gpu",)) if len(classes) > 1 else None,
                        on_event=lambda kind, info: driver.emit(kind, stage="rollout", **info),
                        warm_up=newcomer_warm_up(driver.cluster.client, config, store, iteration))
-    gpu = Absence(driver.cluster, GPU, config.cluster.worker_wait_s, "the rollout")
-    try:
-        while not pool.wait(0.5):
-            driver.check_running()
-            gpu.check()
-    finally:
-        results = pool.close()
-    summary = pool.summary()
-    for move in pool.log:
-        driver.record_event("request", {"stage": "rollout", "what": move["kind"],
-                                        **{k: v for k, v in move.items() if k != "kind"}})
-    if summary["preemptions_hard"] or summary["preemptions_graceful"]:
-        driver.emit("preemptions", stage="rollout", summary=summary)
+    # Waiting (stops with the run, fails when no gpu worker is left) and collecting (the
+    # dispatch log into the run's events) are exploration's, shared.
+    driver.exploration.wait_all(pool, "the rollout")
+    finished, _, dispatch = driver.exploration.collect(pool, "rollout")
+    results = {out["record"]["request"]: out for out in finished}
+    summary = dispatch["summary"]
     missing = [c.name for c in chunks if c.name not in results]
     if missing:
         raise RuntimeError(f"iteration {iteration}'s rollout could not finish: requests "
@@ -114,7 +106,7 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
                            f"add workers of {list(classes)} and resume the run")
     log_probs = np.concatenate([results[c.name]["log_probs"] for c in chunks])
     store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
-    store.put_json(stage, "dispatch", {"summary": summary, "log": pool.log})
+    store.put_json(stage, "dispatch", dispatch)
     records = [results[c.name]["record"] for c in chunks]
     driver.log.record(iteration, "rollout", RolloutResult(dispatch=summary))
     return records

@@ -159,8 +159,8 @@ class WorkerContext:
         if "latents" in arrays:
             latents = torch.from_numpy(arrays["latents"])
         else:   # one streamed batch, or one stream per prompt (a pulled rollout), in order
-            names = [ROLLOUT_REQUEST] if ROLLOUT_REQUEST in self.store.requests(stage) else \
-                sorted(self.store.requests(stage))
+            names = self.store.requests(stage)   # listed once: one round trip
+            names = [ROLLOUT_REQUEST] if ROLLOUT_REQUEST in names else sorted(names)
             latents = torch.cat([torch.from_numpy(np.asarray(self.store.read_trajectory(stage, n)))
                                  for n in names], dim=1)
             latents = latents.transpose(0, 1).contiguous()   # stored (step, batch, ...)
