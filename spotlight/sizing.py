@@ -98,6 +98,7 @@ def best_fitting_arm(size: ModelSize, arms: list[tuple[int, int]], window_s: flo
 
 
 def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int, cfg: bool,
+                        request_prompts: int,
                         candidates: int, explore_steps: int, explore_batch: int,
                         micro_batch: int, trained_steps: int, gpu_workers: int,
                         spot_workers: int, gpu_speed: float = 1.0, checkpointing: bool = False,
@@ -105,7 +106,7 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
     """Memory per worker and wall seconds per stage of one iteration (workers in parallel)."""
     passes = 2 if cfg else 1
     samples = prompts * group
-    rollout_batch = max(1, min(samples, group))   # a request: one prompt's group
+    rollout_batch = max(1, min(samples, group * request_prompts))   # one rollout request
     rollout_s = (math.ceil(samples / rollout_batch) * steps * passes
                  * forward_s(size.image_tokens, rollout_batch, gpu_speed) / gpu_workers)
     explore_n = prompts * candidates

@@ -180,3 +180,27 @@ def test_an_undocumented_field_is_caught(monkeypatch):
     monkeypatch.setattr(reference, "field_rows",
                         lambda cls, prefix="": iter([(key, kind, default, allowed, "  ")]))
     assert reference.undocumented() == [key]
+
+
+def test_placement_defaults_follow_the_mode_and_single_task_stages_name_one_class():
+    by_mode = {mode: load_config("configs/digits.yaml", {"mode": mode})
+               for mode in ("spotlight", "rlboost", "vanilla", "sync")}
+    assert by_mode["spotlight"].placed("rollout") == ("gpu", "spot")
+    assert by_mode["rlboost"].placed("rollout") == ("gpu", "spot")
+    assert by_mode["vanilla"].placed("rollout") == by_mode["sync"].placed("rollout") == ("gpu",)
+    assert by_mode["spotlight"].placed("explore") == ("spot",)
+    assert by_mode["sync"].placed("explore") == ("gpu",)
+    assert by_mode["spotlight"].placed("explore", "sync") == ("gpu",)   # a sync fallback
+    assert by_mode["spotlight"].placed("train") == ("gpu",)
+    chosen = load_config("configs/digits.yaml", {"placement.rollout": ["spot"],
+                                                 "placement.explore": ["gpu", "spot"]})
+    assert chosen.placed("rollout", "vanilla") == ("spot",)
+    assert chosen.placed("explore", "sync") == ("gpu", "spot")
+    with pytest.raises(ConfigError, match=r"placement.train = \['gpu', 'spot'\]: name one"):
+        load_config("configs/digits.yaml", {"placement.train": ["gpu", "spot"]})
+    with pytest.raises(ConfigError, match=r"placement.reward = \[\]: name one"):
+        load_config("configs/digits.yaml", {"placement.reward": []})
+    with pytest.raises(ConfigError, match=r"placement.explore = \['tpu'\]: list each of"):
+        load_config("configs/digits.yaml", {"placement.explore": ["tpu"]})
+    with pytest.raises(ConfigError, match="mode 'rlboost' rolls out on spot workers too"):
+        load_config("configs/digits.yaml", {"mode": "rlboost", "placement.rollout": ["gpu"]})

@@ -28,7 +28,8 @@ from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
-MODES = ("vanilla", "sync", "spotlight")
+MODES = ("vanilla", "sync", "spotlight", "rlboost")
+DEFAULT_MODES = ("vanilla", "sync", "spotlight")
 TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
 
@@ -53,9 +54,9 @@ def _summary(values: list[float]) -> dict:
 def run_until(config: RunConfig, mode: str, url: str, target: float | None, budget_s: float,
               max_iterations: int) -> dict:
     """One mode from the base model until ``target`` (validation reward) or the wall budget."""
-    cfg = config.with_values({"mode": mode, "cluster.dashboard": False})
+    cfg = config.with_values({"cluster.dashboard": False})
     started = time.monotonic()
-    with Session.from_config(cfg, store=url) as session:
+    with Session.from_config(cfg, store=url, mode=mode) as session:
         reached = None
         for _ in range(max_iterations):
             session.submit_iteration(max_iterations).result()
@@ -156,7 +157,7 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
         raise ValueError(f"--task {task!r} is not known; choose one of {sorted(TASK_CONFIGS)}")
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be at least 1 (run seeds per mode)")
-    modes = tuple(modes or MODES)
+    modes = tuple(modes or DEFAULT_MODES)
     unknown = [m for m in modes if m not in MODES]
     if unknown or len(set(modes)) != len(modes):
         raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)}")

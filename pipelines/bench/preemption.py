@@ -276,7 +276,7 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
                         "graceful": sum(s["preemptions_graceful"] for s in summaries),
                         "injected": chaos["injector_summary"]},
         "preemptions_by_stage": preemptions_by_stage(chaos["dispatch"]),
-        "placement": {"rollout": list(cfg.placement.rollout)},
+        "placement": {s: list(cfg.placed(s)) for s in ("rollout", "explore", "reward", "train")},
         **figures,
         "iteration_time_inflation": wall(chaos) / wall(clean),
         "iteration_s": {"clean": [r.wall_s for r in clean["results"]],

@@ -89,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         done = session.completed_iterations()
         remaining = max(goal - done, 0)
         if args.resume:
-            print(f"resuming {session.url} after iteration {done - 1} (weights version "
+            where = f"after iteration {done - 1}" if done else "within its first iteration"
+            print(f"resuming {session.url} {where} (weights version "
                   f"{session.store.latest_checkpoint()}); {remaining} to go", flush=True)
         history = session.run(remaining)
         if len(history):
@@ -142,6 +143,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["seeds"] = args.seeds
     if args.trace is not None:
         options["trace"] = args.trace
+    if args.rounds is not None:
+        options["rounds"] = args.rounds
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
     if args.set and args.name not in ("convergence", "overhead", "preemption"):
@@ -253,9 +256,12 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=None, metavar="K",
                    help="convergence: run every mode under K run seeds; report medians")
     p.add_argument("--modes", default=None, metavar="M1,M2",
-                   help="convergence: the modes to run (default: vanilla,sync,spotlight)")
+                   help="convergence: the modes to run, of vanilla,sync,spotlight,rlboost (default: "
+                        "vanilla,sync,spotlight)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="convergence: override a config value for every mode (repeatable)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R",
+                   help="overhead: rounds of runs, each order reversed from the last (default 3)")
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="preemption: spot trace to replay (default: the shipped g4dn events)")
     p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",

@@ -21,6 +21,7 @@ def estimates(config: RunConfig, size, gpu_speed: float = 1.0,
     candidates, steps = arm or (explore.candidates, explore.steps or sampler.num_steps)
     rows = iteration_estimates(
         size, prompts=grpo.prompts_per_iteration, group=grpo.group_size,
+        request_prompts=grpo.request_prompts,
         steps=sampler.num_steps, cfg=config.model.true_cfg > 1.0, candidates=candidates,
         explore_steps=steps, explore_batch=explore.request_batch, micro_batch=grpo.micro_batch,
         trained_steps=trained, gpu_workers=config.cluster.gpu_workers,

@@ -259,7 +259,7 @@ def mode_values(config: RunConfig, mode: str) -> dict:
     """The config changes of running ``config`` in ``mode``: 'rlboost' also rolls out on spot
     workers unless the config already places the rollout there."""
     changes: dict[str, Any] = {"mode": mode}
-    if mode == "rlboost" and "spot" not in config.placement.rollout:
+    if mode == "rlboost" and config.placement.rollout and "spot" not in config.placement.rollout:
         changes["placement.rollout"] = [*config.placement.rollout, "spot"]
     return changes
 
@@ -286,19 +286,23 @@ def _cluster_for(config: RunConfig, client: Any) -> tuple[ClusterHandle, str]:
         register_worker_setup(client, config.cluster, embedded=False)
         mode = check_shape(handle, config.mode, config.cluster, address)
     try:
-        _check_placement(config, handle)
+        _check_placement(config, handle, mode)
     except BaseException:
         handle.close()
         raise
     return handle, mode
 
 
-def _check_placement(config: RunConfig, handle: ClusterHandle) -> None:
-    """Every stage has at least one worker of a class it may run on."""
+def _check_placement(config: RunConfig, handle: ClusterHandle, mode: str) -> None:
+    """Every stage has at least one worker of a class it may run on. (Stale exploration with
+    no spot worker is ``cluster.missing_spot``'s to decide.)"""
     present = handle.workers_by_class()
-    classes = config.placement.rollout
-    if not any(present.get(c) for c in classes):
-        raise ConfigError(f"placement.rollout = {classes}, but the cluster at {handle.where} has "
-                          f"no worker of those classes (it has "
-                          f"{ {c: len(n) for c, n in present.items()} }); start one (dask worker "
-                          f"ADDR --resources \"{classes[0]}=1\") or add 'gpu' to the placement")
+    stages = ("rollout", "reward", "train") + (("explore",) if mode == "sync" else ())
+    for stage in stages:
+        classes = config.placed(stage, mode)
+        if not any(present.get(c) for c in classes):
+            raise ConfigError(
+                f"placement.{stage} = {list(classes)}, but the cluster at {handle.where} has no "
+                f"worker of those classes (it has {dict((c, len(n)) for c, n in present.items())}"
+                f"); start one (dask worker ADDR --resources \"{classes[0]}=1\") or add a class "
+                f"it has to placement.{stage}")

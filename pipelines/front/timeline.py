@@ -78,6 +78,42 @@ def overlap_fraction(tasks: Sequence[dict], inner: str = "explore",
     return inside / total if total > 0 else 0.0
 
 
+def _spans(tasks: Sequence[dict], stages: Sequence[str]) -> dict[int, tuple[float, float]]:
+    """Per iteration: (first start, last end) of its tasks of ``stages``."""
+    spans: dict[int, tuple[float, float]] = {}
+    for t in tasks:
+        if t["stage"] in stages:
+            a, b = spans.get(t["iteration"], (t["start"], t["end"]))
+            spans[t["iteration"]] = (min(a, t["start"]), max(b, t["end"]))
+    return dict(sorted(spans.items()))
+
+
+def stage_spans(tasks: Sequence[dict], stage: str) -> dict[int, float]:
+    """Per iteration: seconds from the first ``stage`` task's start to the last one's end (a
+    rollout pulled by several workers is one span)."""
+    _check(tasks)
+    return {k: b - a for k, (a, b) in _spans(tasks, (stage,)).items()}
+
+
+def idle_share(tasks: Sequence[dict], cls: str = "spot",
+               window: Sequence[str] = ("train", "checkpoint")) -> float | None:
+    """Share of the training time (per iteration: first ``window`` task's start to the last
+    one's end) that the workers of class ``cls`` (those with a task in ``tasks``) ran no task
+    at all, averaged over them: the paper's motivating measurement, spot GPUs idle while
+    on-demand GPUs train. None without a worker of ``cls`` or a training window."""
+    _check(tasks)
+    windows = list(_spans(tasks, window).values())
+    workers = sorted({t["worker"] for t in tasks if worker_class(t) == cls})
+    total = sum(b - a for a, b in windows)
+    if not workers or total <= 0:
+        return None
+    busy = 0.0
+    for worker in workers:
+        union = merge_intervals([(t["start"], t["end"]) for t in tasks if t["worker"] == worker])
+        busy += sum(interval_overlap(a, b, c, d) for a, b in windows for c, d in union)
+    return 1.0 - busy / (total * len(workers))
+
+
 def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None = None) -> Path:
     """Save a PNG with one lane per worker and a bar per task, coloured by stage.
 

@@ -24,7 +24,7 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
-from pipelines.run.rollout import pulled_rollout
+from pipelines.run.rollout import pulled, pulled_rollout, rollout_task
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
                                   ValidationResult)
@@ -106,6 +106,14 @@ class Driver:
                 for i, address in enumerate(workers)]
 
     # --- helpers --------------------------------------------------------------------------------
+    def placed(self, stage: str) -> tuple[str, ...]:
+        """The worker classes ``stage`` runs on in this run's mode (``placement``)."""
+        return self.config.placed(stage, self.mode)
+
+    def on(self, stage: str) -> str:
+        """The one worker class of a single-task stage (reward, train)."""
+        return self.placed(stage)[0]
+
     def submit(self, fn, *args, resource: str, name: str, **kwargs):
         return self.cluster.client.submit(fn, *args, resources={resource: 1}, pure=False,
                                           key=f"{name}-{self._attempt}-{uuid.uuid4().hex[:8]}",
@@ -180,7 +188,7 @@ class Driver:
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
         audit_done = self.log.done(k, "audit")
         it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
-        if it.explores and explore_window(self.config) == "iteration":
+        if it.explores and explore_window(self.config, self.mode) == "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
         return it
 
@@ -188,21 +196,22 @@ class Driver:
         """The prompt embeddings this iteration's workers read, into the run store first."""
         texts = [p.text for p in prompts] + [p.text for p in self.val_prompts]
         self._result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
-                                 resource=GPU, name="embed"), f"prompt embeddings of iteration {k}")
+                                 resource=self.on("train"), name="embed"),
+                     f"prompt embeddings of iteration {k}", self.on("train"))
 
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
-        if cfg.placement.pooled_rollout and not self.log.done(k, "rollout"):
+        if pulled(self.placed("rollout")) and not self.log.done(k, "rollout"):
             it.records += pulled_rollout(self, k, it.prompts, it.selection.seeds)
-        if self.log.done(k, "rollout"):   # read back into a gpu worker, never recomputed
-            it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k, resource=GPU,
-                                        name="load-rollout")
+        if self.log.done(k, "rollout"):   # read back where it is scored, never recomputed
+            it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k,
+                                       resource=self.on("reward"), name="load-rollout")
         else:
             it.rollout_f = self.submit(
-                tasks.rollout_task, cfg, self.store,
-                tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k), resource=GPU,
-                name="rollout")
+                rollout_task, cfg, self.store,
+                tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k),
+                resource=self.on("rollout"), name="rollout")
         _, resumed = self.log.once(k, "reward", lambda: self._reward(it))
         if resumed:
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
@@ -211,8 +220,9 @@ class Driver:
         """Score the rollout (and record the rollout, whose data is in the store by then)."""
         cfg, k = self.config, it.k
         out = self._result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
-                                        it.prompts, cfg.grpo.group_size, k, resource=GPU,
-                                        name="reward"), f"iteration {k}'s rollout and reward")
+                                        it.prompts, cfg.grpo.group_size, k,
+                                        resource=self.on("reward"), name="reward"),
+                           f"iteration {k}'s rollout and reward", self.on("reward"))
         it.rewards = out["rewards"]
         it.records += out["records"] + [out["record"]]
         if not self.log.done(k, "rollout"):
@@ -224,14 +234,14 @@ class Driver:
         k = it.k
         self.emit("stage_start", iteration=k, stage="train")
         it.adv = self._result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
-                                           resource=GPU, name="advantages"),
-                              f"iteration {k}'s advantages")
+                                           resource=self.on("train"), name="advantages"),
+                              f"iteration {k}'s advantages", self.on("train"))
         it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
         if it.spotlight:
             it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
             self.exploration.record_plan_outcome(k, it.adv)
-        if it.explores and explore_window(self.config) != "iteration":
+        if it.explores and explore_window(self.config, self.mode) != "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
 
     def _train(self, it: "IterationState") -> None:
@@ -245,10 +255,10 @@ class Driver:
         self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
         trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f,
                               tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
-                              resource=GPU, name="train")
+                              resource=self.on("train"), name="train")
         saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
-                                         resource=GPU, name="checkpoint"),
-                             f"iteration {k}'s training and checkpoint")
+                                         resource=self.on("train"), name="checkpoint"),
+                             f"iteration {k}'s training and checkpoint", self.on("train"))
         del trained   # the weights leave the gpu worker's memory with the future
         self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
         it.records += saved["records"]
@@ -317,8 +327,9 @@ class Driver:
     def _validate_now(self, version: int, records: list | None) -> ValidationResult:
         self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
         out = self._result(self.submit(tasks.validation_task, self.config, self.store, version,
-                                        self.val_prompts, version, resource=GPU,
-                                        name="validation"), f"validation of weights {version}")
+                                        self.val_prompts, version, resource=self.on("train"),
+                                        name="validation"), f"validation of weights {version}",
+                           self.on("train"))
         self.last_validation = out
         self.first_validation = self.first_validation or out
         if records is not None:

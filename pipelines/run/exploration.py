@@ -17,9 +17,9 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.cluster import GPU, SPOT, Absence, ClusterHandle, task_error
+from pipelines.cluster import GPU, Absence, ClusterHandle, task_error
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
-from pipelines.run.rollout import newcomer_warm_up
+from pipelines.run.rollout import newcomer_warm_up, pulled
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
@@ -49,10 +49,12 @@ class RunContext(Protocol):
     def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
 
 
-def explore_window(config: RunConfig) -> str:
+def explore_window(config: RunConfig, mode: str | None = None) -> str:
     """When stale exploration may run: ``exploration.window``, but only while the gpu workers
-    train when spot workers also pull the rollout (they are busy with it until then)."""
-    return "train" if "spot" in config.placement.rollout else config.exploration.window
+    train when its workers also pull the rollout (they are busy with it until then)."""
+    rollout = config.placed("rollout", mode)
+    shared = set(rollout) & set(config.placed("explore", "spotlight"))
+    return "train" if pulled(rollout) and shared else config.exploration.window
 
 
 def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
@@ -101,27 +103,34 @@ class Exploration:
                            (self.config, self.run.store, request),
                            tasks.stage_name(request.iteration, request.stage), request.name)
 
-    def dispatch(self, requests: list[RequestSpec], resource: str, stage: str):
-        """Start ``requests``: pulled by spot workers (a :class:`RequestPool`), or, on gpu
-        workers and with ``preemption.dispatch: push``, submitted at once as futures."""
+    def classes(self, stale: bool) -> tuple[str, ...]:
+        """Where stale (spotlight) or synchronous exploration runs (``placement.explore``)."""
+        return self.config.placed("explore", "spotlight" if stale else "sync")
+
+    def dispatch(self, requests: list[RequestSpec], classes: tuple[str, ...], stage: str):
+        """Start ``requests``: pulled by the workers of ``classes`` (a :class:`RequestPool`)
+        when spot workers or several classes take part, else (and with ``preemption.dispatch:
+        push``) submitted at once as futures."""
         run = self.run
-        if resource == SPOT and self.config.preemption.dispatch == "pull":
+        if pulled(classes) and self.config.preemption.dispatch == "pull":
             version = requests[0].args[2].version if requests else 0
             return RequestPool(run.cluster, requests, self.config.preemption, store=run.store,
+                               resource=classes,
                                on_event=lambda kind, info: run.emit(kind, stage=stage, **info),
                                warm_up=newcomer_warm_up(run.cluster.client, self.config,
                                                         run.store, version))
-        return [run.submit(spec.fn, *spec.args, resource=resource, name=stage)
+        return [run.submit(spec.fn, *spec.args, resource=classes[0], name=stage)
                 for spec in requests]
 
-    def wait_all(self, work, what: str = "exploration", resource: str = SPOT) -> None:
+    def wait_all(self, work, what: str = "exploration", resource: str | None = None) -> None:
         """Wait for every request of ``work``; stops with the run (:meth:`Driver.stop`)."""
         if not isinstance(work, RequestPool):
-            self.run.await_futures(work, what, resource)
+            self.run.await_futures(work, what, resource or self.classes(True)[0])
             return
         # Spot requests wait for spot workers (the pool gives up after no_spot_wait_s); with
         # no gpu worker left, though, the run cannot go on whatever spot does.
-        gpu = Absence(self.run.cluster, GPU, self.config.cluster.worker_wait_s, what)
+        gpu = Absence(self.run.cluster, self.config.placed("train")[0],
+                      self.config.cluster.worker_wait_s, what)
         while not work.wait(0.5):
             try:
                 self.run.check_running()
@@ -159,23 +168,24 @@ class Exploration:
                 summary["requests"] - summary["finished"], {"summary": summary, "log": pool.log})
 
     # --- exploring and selecting ----------------------------------------------------------------
-    def submit(self, iteration: int, version: int, resource: str, candidates: int | None = None,
+    def submit(self, iteration: int, version: int, stale: bool, candidates: int | None = None,
                steps: int | None = None, prompts_explored: int | None = None):
         """Explore the (first ``prompts_explored``) prompts of ``iteration`` with weights
-        ``version``, one request per prompt and chunk of candidates."""
+        ``version`` (``stale``: θ_k-1, off the critical path; else synchronously), one request
+        per prompt and chunk of candidates."""
         cfg, explore = self.config, self.config.exploration
         candidates = candidates or explore.candidates
         prompts = self.run.prompts(iteration)
         if prompts_explored is not None:
             prompts = prompts[:prompts_explored]
         seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
-        stage = "explore" if resource == SPOT else "explore-sync"
+        stage = "explore" if stale else "explore-sync"
         requests = [self.explore_spec(tasks.ExploreRequest(
                         iteration, p, prompt, seeds[p, lo:lo + explore.request_batch], chunk,
                         version, stage, steps))
                     for p, prompt in enumerate(prompts)
                     for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
-        return self.dispatch(requests, resource, stage)
+        return self.dispatch(requests, self.classes(stale), stage)
 
     def finish(self, iteration: int, work, stage: str, planned: int | None = None,
                select: bool = True) -> Selection | None:
@@ -251,8 +261,9 @@ class Exploration:
         """Synchronous exploration with the current weights on gpu workers (sync, fallback)."""
         self.run.emit("stage_start", iteration=iteration, stage="explore-sync")
         candidates = self.config.exploration.candidates
-        work = self.submit(iteration, iteration, GPU, candidates)
-        self.wait_all(work, f"iteration {iteration}'s synchronous exploration", GPU)
+        work = self.submit(iteration, iteration, False, candidates)
+        self.wait_all(work, f"iteration {iteration}'s synchronous exploration",
+                      self.classes(False)[0])
         return self.finish(iteration, work, "explore-sync",
                            planned=len(self.run.prompts(iteration)) * candidates)
 
@@ -261,7 +272,7 @@ class Exploration:
         plan = self.plan(k + 1)
         if self.run.log.done(k + 1, "explore") or not plan.candidates:
             return plan, []
-        return plan, self.submit(k + 1, k, SPOT, plan.candidates, plan.steps, plan.prompts)
+        return plan, self.submit(k + 1, k, True, plan.candidates, plan.steps, plan.prompts)
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, iteration: int) -> Plan:
@@ -273,7 +284,9 @@ class Exploration:
         rollout_steps = cfg.exploration.steps or cfg.sampler.num_steps
         prompts = len(self.run.prompts(iteration))
         if cfg.planner.enabled:
-            slots = len(self.run.cluster.workers_by_class()[SPOT]) * cfg.cluster.threads_per_worker
+            present = self.run.cluster.workers_by_class()
+            slots = sum(len(present.get(c, ())) for c in self.classes(True)) * \
+                cfg.cluster.threads_per_worker
             plan = self.planner.plan(iteration, prompts, cfg.grpo.group_size, slots,
                                      self._window_history(iteration - 1),
                                      self._seconds_per_sample_step(iteration - 1), rollout_steps)
@@ -296,7 +309,7 @@ class Exploration:
         out = []
         for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
             seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
-                                           explore_window(self.config))
+                                           explore_window(self.config, self.run.mode))
             if seconds is not None:
                 out.append(seconds)
         return out
@@ -360,7 +373,7 @@ class Exploration:
                         k, p, prompts[p], np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
                         "audit", steps))
                     for p, cs in picks]
-        return self.dispatch(requests, SPOT, "audit") if requests else []
+        return self.dispatch(requests, self.classes(True), "audit") if requests else []
 
     def finish_audit(self, k: int, work) -> float | None:
         """The audit's τ (recorded), or None when no spot worker ran it."""

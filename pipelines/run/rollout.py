@@ -1,10 +1,11 @@
 """A rollout pulled by every worker its placement allows (``placement.rollout``), gpu and spot.
 
-The rollout is split into one request per prompt -- that prompt's whole group of seeds, a fixed
-batch shape, so the latents and log-probabilities are the same whichever worker computes them
--- and handed out by the pull dispatch (:class:`~pipelines.cluster.dispatch.RequestPool`) with
-adaptive offload: the tail goes to whoever finishes first by measured speed, and an idle gpu
-worker re-runs a straggling spot request. Each request streams its latents to
+The rollout is split into requests of ``grpo.request_prompts`` prompts, each with its whole
+group of seeds -- fixed batch shapes, the same split wherever the rollout runs, so the latents
+and log-probabilities do not depend on which worker computes them -- and handed out by the
+pull dispatch (:class:`~pipelines.cluster.dispatch.RequestPool`) with adaptive offload: the tail goes to whoever finishes first by measured speed, and an idle gpu
+worker re-runs a straggling spot request. On gpu workers alone the requests run in order in
+one task instead (:func:`rollout_task`). Each request streams its latents to
 ``iter-K/rollout.zarr/latents/pNNNN`` and resumes a preempted attempt from its last committed
 step. When every request is in, the log-probabilities go to ``rollout.npz`` and the stage is
 recorded; reward and training read the trajectory back from the run store on a gpu worker.
@@ -21,49 +22,88 @@ from pipelines.cluster.preemption import StopAtStep
 from pipelines.run import tasks
 from pipelines.run.stages import RolloutResult
 from spotlight.models.prompts import Prompt
-from spotlight.rl.trainer import sample_keys
+from spotlight.rl.sampler import Trajectory
+from spotlight.rl.trainer import rollout_chunks, sample_keys
 from spotlight.scheduling.dispatch import Offload
 
 
 @dataclass(frozen=True)
 class RolloutChunk:
-    """Roll out one prompt's group (``seeds``, G of them) with weights ``version``."""
+    """One rollout request: ``prompts`` (the iteration's from index ``first`` on), each with its
+    group of ``seeds`` (one row per prompt), rolled out with weights ``version``."""
 
     iteration: int
-    prompt_index: int
-    prompt: Prompt
+    first: int
+    prompts: list[Prompt]
     seeds: np.ndarray
     version: int
 
     @property
     def name(self) -> str:
-        return f"p{self.prompt_index:04d}"
+        return f"p{self.first:04d}"
+
+
+def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk]:
+    """The fixed-shape requests an iteration's rollout is sampled in, wherever it runs."""
+    return [RolloutChunk(request.iteration, c.start, request.prompts[c],
+                         np.asarray(request.seeds[c]), request.version)
+            for c in rollout_chunks(len(request.prompts), config.grpo.request_prompts)]
+
+
+def _sample_chunk(ctx, chunk: RolloutChunk, progress: dict | None = None):
+    """SDE-sample one request, streamed and resumed from its last committed step."""
+    texts = [p.text for p in chunk.prompts for _ in range(chunk.seeds.shape[1])]
+    keys = sample_keys(ctx.config.seed, chunk.prompts, chunk.seeds)
+    return tasks._sample_streamed(ctx, texts, chunk.seeds, keys,
+                                  tasks.stage_name(chunk.iteration, "rollout"), chunk.name,
+                                  chunk.version, progress=progress)
+
+
+def rollout_task(config, store, request: tasks.RolloutRequest) -> tasks.RolloutOutput:
+    """The whole rollout on one worker (``placement.rollout`` of one class): its requests in
+    order, persisted before it returns, kept in memory for reward and training."""
+    start = time.time()
+    ctx = tasks.context(config, store)
+    with ctx.lock:
+        ctx.policy_at(request.version).eval()
+        traj = Trajectory.concat([_sample_chunk(ctx, c)
+                                  for c in rollout_requests(config, request)])
+        arrays = {"log_probs": traj.log_probs.numpy(), "seeds": np.asarray(request.seeds)}
+        if not config.stream_latents:
+            arrays["latents"] = traj.latents.numpy()
+        store.put_arrays(tasks.stage_name(request.iteration, "rollout"), "rollout", arrays)
+        out = tasks.RolloutOutput(request.iteration, traj,
+                                  tasks.task_record("rollout", request.iteration, start,
+                                                    request.version))
+        ctx.rollouts = {request.iteration: out}   # keep only the newest: memory stays bounded
+        return out
 
 
 def rollout_chunk_task(config, store, chunk: RolloutChunk) -> dict:
-    """SDE rollout of one prompt's group, streamed and preemptible at step boundaries."""
+    """One pulled request, preemptible at step boundaries (then handed back, committed)."""
     start = time.time()
     ctx = tasks.context(config, store)
-    stage = tasks.stage_name(chunk.iteration, "rollout")
     progress: dict = {}
     with ctx.lock:
-        policy = ctx.policy_at(chunk.version)
-        policy.eval()
-        keys = sample_keys(config.seed, [chunk.prompt], np.asarray(chunk.seeds)[None, :])
+        ctx.policy_at(chunk.version).eval()
         try:
-            traj = tasks._sample_streamed(ctx, [chunk.prompt.text] * len(chunk.seeds),
-                                          np.asarray(chunk.seeds), keys, stage, chunk.name,
-                                          chunk.version, progress=progress)
+            traj = _sample_chunk(ctx, chunk, progress)
         except StopAtStep as stop:
-            point = store.resume_point(stage, chunk.name)
+            point = store.resume_point(tasks.stage_name(chunk.iteration, "rollout"), chunk.name)
             return {"preempted": True, "step": 0 if point is None else int(point.step),
                     "computed_step": stop.step,
                     "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
                                                 request=chunk.name, preempted=True, **progress)}
-    return {"prompt_index": chunk.prompt_index, "log_probs": traj.log_probs.numpy(),
+    return {"log_probs": traj.log_probs.numpy(),
             "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
-                                        request=chunk.name, samples=len(chunk.seeds),
+                                        request=chunk.name, samples=chunk.seeds.size,
                                         **progress)}
+
+
+def pulled(classes: tuple[str, ...]) -> bool:
+    """Whether a stage placed on ``classes`` is pulled request by request (a
+    :class:`RequestPool`): with spot workers, which come and go, or several classes."""
+    return "spot" in classes or len(classes) > 1
 
 
 def newcomer_warm_up(client, config, store, version: int):
@@ -83,14 +123,15 @@ def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndar
     """Run iteration ``iteration``'s rollout as pulled requests; write ``rollout.npz`` and
     record the stage. Returns the requests' task records (for the timeline)."""
     config, store = driver.config, driver.store
-    classes = tuple(config.placement.rollout)
+    classes = driver.placed("rollout")
     stage = tasks.stage_name(iteration, "rollout")
-    chunks = [RolloutChunk(iteration, i, p, np.asarray(seeds[i]), iteration)
-              for i, p in enumerate(prompts)]
+    # Spot requests that straggle are re-run on idle on-demand workers (RLBoost's offload).
+    on_demand = tuple(c for c in classes if c != "spot") if "spot" in classes else ()
+    chunks = rollout_requests(config, tasks.RolloutRequest(iteration, prompts, seeds, iteration))
     specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name)
              for c in chunks]
     pool = RequestPool(driver.cluster, specs, config.preemption, store=store, resource=classes,
-                       offload=Offload(speculate_on=("gpu",)) if len(classes) > 1 else None,
+                       offload=Offload(speculate_on=on_demand) if on_demand else None,
                        on_event=lambda kind, info: driver.emit(kind, stage="rollout", **info),
                        warm_up=newcomer_warm_up(driver.cluster.client, config, store, iteration))
     # Waiting (stops with the run, fails when no gpu worker is left) and collecting (the

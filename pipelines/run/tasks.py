@@ -32,7 +32,7 @@ from spotlight.rl.validation import validate
 from storage import RunStore
 from storage.latents import Labels
 
-ROLLOUT_REQUEST = "batch"   # a rollout is one request: the whole fixed-shape P x G batch
+ROLLOUT_REQUEST = "batch"   # runs before grpo.request_prompts stored one request, the whole batch
 
 
 def stage_name(iteration: int, stage: str) -> str:
@@ -292,29 +292,6 @@ def _recompute_log_probs(policy, traj: Trajectory, prompts: list[str], config: R
         if t < stop:
             dist = transition_distribution(policy, traj.latents, t, traj.sigmas, text, sampler)
             traj.log_probs[:, t] = gaussian_log_prob(traj.latents[:, t + 1], dist)
-
-
-def rollout_task(config: RunConfig, store: RunStore, request: RolloutRequest) -> RolloutOutput:
-    """SDE rollout of P prompts x G seeds at weights ``version``; persisted before it returns."""
-    start = time.time()
-    iteration, prompts, seeds, version = (request.iteration, request.prompts, request.seeds,
-                                          request.version)
-    ctx = context(config, store)
-    with ctx.lock:
-        policy = ctx.policy_at(version)
-        policy.eval()
-        flat = [p.text for p in prompts for _ in range(seeds.shape[1])]
-        keys = sample_keys(config.seed, prompts, seeds)
-        stage = stage_name(iteration, "rollout")
-        traj = _sample_streamed(ctx, flat, np.asarray(seeds), keys, stage, ROLLOUT_REQUEST,
-                                version)
-        arrays = {"log_probs": traj.log_probs.numpy(), "seeds": np.asarray(seeds)}
-        if not config.stream_latents:
-            arrays["latents"] = traj.latents.numpy()
-        store.put_arrays(stage, "rollout", arrays)
-        out = RolloutOutput(iteration, traj, task_record("rollout", iteration, start, version))
-        ctx.rollouts = {iteration: out}   # keep only the newest: memory stays bounded
-        return out
 
 
 def load_rollout_task(config: RunConfig, store: RunStore, iteration: int) -> RolloutOutput:

@@ -94,6 +94,17 @@ class RunConfig(Validated):
     def validate(self) -> None:
         check_run(self)
 
+    def placed(self, stage: str, mode: str | None = None) -> tuple[str, ...]:
+        """The worker classes that run ``stage`` (rollout, explore, reward, train) in ``mode``
+        (default: this config's): ``placement.<stage>``, or the mode's default when empty."""
+        chosen = getattr(self.placement, stage)
+        if chosen:
+            return tuple(chosen)
+        mode = mode or self.mode
+        if stage == "rollout":
+            return ("gpu", "spot") if mode in ("spotlight", "rlboost") else ("gpu",)
+        return ("spot",) if mode == "spotlight" else ("gpu",)   # explore
+
 
 
 def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
@@ -130,9 +141,10 @@ def check_run(config: "RunConfig") -> None:
             f"{sampler.sde_window_size}); use 0 (the rollout's steps) or a count between the "
             f"window's end and num_steps")
     _check_planner_arms(config)
-    if config.mode == "rlboost" and "spot" not in config.placement.rollout:
+    if config.mode == "rlboost" and "spot" not in config.placed("rollout"):
         raise ConfigError(f"mode 'rlboost' rolls out on spot workers too, but placement.rollout "
-                          f"= {config.placement.rollout}; set placement.rollout: [gpu, spot]")
+                          f"= {config.placement.rollout}; set placement.rollout: [gpu, spot] "
+                          f"(or leave it empty)")
     cluster = config.cluster
     if not cluster.scheduler and cluster.spot_workers == 0 and config.mode == "spotlight" and \
             cluster.missing_spot == "error":

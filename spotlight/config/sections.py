@@ -153,6 +153,10 @@ class GRPOConfig(Validated):
 
     prompts_per_iteration: int = spec(16, "Prompts per iteration.", range=(1, 4096))
     group_size: int = spec(8, "Samples (seeds) per prompt.", range=(2, 1024))
+    request_prompts: int = spec(4, "Prompts per rollout request, each with its whole group: the "
+                                   "rollout is sampled in these fixed-shape chunks wherever it "
+                                   "runs, so its placement never changes its results.",
+                                range=(1, 4096))
     lr: float = spec(3e-4, "AdamW learning rate.", range=(1e-8, 1.0))
     weight_decay: float = spec(0.0, "AdamW weight decay.", range=(0.0, 1.0))
     clip_range: float = spec(0.2, "PPO ratio clip.", range=(1e-4, 10.0))
@@ -360,24 +364,34 @@ WORKER_CLASSES = ("gpu", "spot")
 
 @dataclass(kw_only=True, frozen=True)
 class PlacementConfig(Validated):
-    """Which worker classes run a stage."""
+    """Which worker classes run a stage. An empty list takes the mode's default (see
+    :meth:`RunConfig.placed`): spotlight and rlboost roll out on gpu and spot, vanilla and
+    sync on gpu; stale exploration runs on spot, synchronous exploration on gpu."""
 
-    rollout: list[str] = spec(["gpu"], "Worker classes that pull the rollout's requests (one per "
-                              "prompt, its whole group): ['gpu'] runs the rollout as one batch on "
-                              "a gpu worker; with 'spot' every worker of the listed classes pulls "
-                              "requests, the tail goes to the fastest by measured speed and an "
-                              "idle gpu worker re-runs a straggling spot request.")
+    rollout: list[str] = spec([], "Worker classes that pull the rollout's requests "
+                                  "(grpo.request_prompts prompts each): [gpu] runs them in one "
+                                  "task; with spot, every worker of the listed classes pulls "
+                                  "requests, the tail goes to the fastest by measured "
+                                  "speed and an idle gpu worker re-runs a straggling spot one. "
+                                  "Empty: [gpu, spot] in spotlight and rlboost mode, else [gpu].")
+    explore: list[str] = spec([], "Worker classes that pull exploration (and audit) requests. "
+                                  "Empty: [spot] for stale exploration, [gpu] for sync mode's.")
+    reward: list[str] = spec(["gpu"], "The worker class that scores the rollout (one).")
+    train: list[str] = spec(["gpu"], "The worker class that trains, checkpoints, validates "
+                                     "and embeds prompts (one).")
 
     def validate(self) -> None:
-        bad = [c for c in self.rollout if c not in WORKER_CLASSES]
-        if not self.rollout or bad or len(set(self.rollout)) != len(self.rollout):
-            raise ConfigError(f"placement.rollout = {self.rollout}: list each of "
-                              f"{list(WORKER_CLASSES)} at most once, at least one")
-
-    @property
-    def pooled_rollout(self) -> bool:
-        """The rollout runs as pulled per-prompt requests (not one gpu batch)."""
-        return self.rollout != ["gpu"]
+        for stage in ("rollout", "explore", "reward", "train"):
+            classes = getattr(self, stage)
+            bad = [c for c in classes if c not in WORKER_CLASSES]
+            if bad or len(set(classes)) != len(classes):
+                raise ConfigError(f"placement.{stage} = {classes}: list each of "
+                                  f"{list(WORKER_CLASSES)} at most once (or none: the mode's "
+                                  f"default)")
+        for stage in ("reward", "train"):
+            if len(getattr(self, stage)) != 1:
+                raise ConfigError(f"placement.{stage} = {getattr(self, stage)}: name one worker "
+                                  f"class, e.g. [gpu] (the stage runs as one task)")
 
 
 @dataclass(kw_only=True, frozen=True)

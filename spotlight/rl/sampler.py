@@ -30,6 +30,14 @@ class Trajectory:
     def final(self) -> torch.Tensor:
         return self.latents[:, -1]
 
+    @staticmethod
+    def concat(parts: list["Trajectory"]) -> "Trajectory":
+        """The trajectories of consecutive chunks of one batch, as one."""
+        first = parts[0]
+        return Trajectory(torch.cat([p.latents for p in parts]),
+                          torch.cat([p.log_probs for p in parts]), first.sigmas,
+                          first.trainable_steps)
+
 
 def sde_window_end(config: SamplerConfig) -> int:
     """The step after the last SDE step: everything a seed decides happens before it."""

@@ -65,6 +65,14 @@ def sample_keys(run_seed: int, prompts: list[Prompt], seeds: np.ndarray) -> list
     return [SampleKey(run_seed, prompt_id(p.text), int(s)) for p, row in zip(prompts, seeds) for s in row]
 
 
+def rollout_chunks(prompts: int, per_request: int) -> list[slice]:
+    """The prompt ranges a rollout is sampled in (``grpo.request_prompts`` each, the last one
+    what is left). Every placement samples these same fixed-shape batches: batch shape moves
+    floating-point results, so one split everywhere keeps a run's results placement-free."""
+    return [slice(i, min(i + per_request, prompts)) for i in range(0, prompts, per_request)]
+
+
+
 class FlowGRPO:
     """Flow-GRPO trainer state: policy, frozen reference, optimizer and reward."""
 
@@ -97,7 +105,11 @@ class FlowGRPO:
         flat = [p for p in prompts for _ in range(seeds.shape[1])]
         keys = sample_keys(self.config.seed, prompts, seeds)
         self.policy.eval()
-        traj = sample(self.policy, [p.text for p in flat], keys, self.config.sampler, mode="sde")
+        traj = Trajectory.concat([
+            sample(self.policy, [p.text for p in prompts[c] for _ in range(seeds.shape[1])],
+                   sample_keys(self.config.seed, prompts[c], seeds[c]),
+                   self.config.sampler, mode="sde")
+            for c in rollout_chunks(len(prompts), self.config.grpo.request_prompts)])
         images = self.policy.decode(traj.final)
         rewards = self.score(images, flat, "rollout").reshape(seeds.shape)
         return Rollout(flat, keys, traj, images, rewards)

@@ -22,6 +22,10 @@ TINY_RUN = {
     "exploration": {"candidates": 6, "request_batch": 3, "deadline": False},
     "planner": {"enabled": False},   # exploration settings fixed: runs compare bit for bit
     "cluster": {"dashboard": False, "worker_wait_s": 20},
+    # The rollout as one gpu task (and exploration from the iteration's start): what these
+    # tests exercise. Spotlight's default, the rollout pulled by gpu and spot workers, is
+    # test_pulled_rollout's; both give the same results (one request here: 2 prompts < 4).
+    "placement": {"rollout": ["gpu"]},
 }
 
 

@@ -155,21 +155,21 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
         alive.append(f"n{fresh}")
         fresh += 1
     trace.write_text("\n".join(rows) + "\n")
-    base = {"iterations": 3, "sampler.num_steps": 40, "cluster.spot_workers": 2,
+    base = {"iterations": 2, "sampler.num_steps": 40, "cluster.spot_workers": 2,
             "exploration.candidates": 12}
     clean_cfg = load_config(tiny_run_yaml, base)
     chaos_cfg = load_config(tiny_run_yaml, {**base, "injector.trace": str(trace),
                                             "injector.action": "mixed"})
     with Session.from_config(clean_cfg, store=str(tmp_path / "clean")) as session:
-        session.run(3)
+        session.run(2)
     with Session.from_config(chaos_cfg, store=str(tmp_path / "chaos")) as session:
-        session.run(3)
+        session.run(2)
         injected = session.injector.summary()
 
     assert injected["kills"] >= 1, injected
     a = RunStore.open(str(tmp_path / "clean"), create=False)
     b = RunStore.open(str(tmp_path / "chaos"), create=False)
-    wa, wb = a.load_checkpoint(3), b.load_checkpoint(3)
+    wa, wb = a.load_checkpoint(2), b.load_checkpoint(2)
     for name, tensor in wa.weights.items():
         assert torch.equal(tensor, wb.weights[name]), name
     np.testing.assert_array_equal(a.open_rewards()["reward"].values,
@@ -183,7 +183,7 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
     assert all(e["stage"] and e["at"] > 0 for e in moves)
     assert all(isinstance(e["step"], int) for e in moves if e["what"] == "requeued")
     assert not a.read_events() or all(e["kind"] != "injector" for e in a.read_events())
-    for k in (1, 2):   # every planned candidate was explored, however often workers died
+    for k in (1,):   # every planned candidate was explored, however often workers died
         info = b.stage_record(f"iter-{k}/explore")["info"]
         assert info["explored"] == info["planned"] and info["requests_cancelled"] == 0
 

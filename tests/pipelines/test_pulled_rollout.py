@@ -1,5 +1,6 @@
-"""Rollouts pulled by gpu and spot workers (placement.rollout): one request per prompt, the same
-results whatever the placement, and a placement no worker can serve refused at start."""
+"""Rollouts pulled by gpu and spot workers (placement.rollout): requests of grpo.request_prompts
+prompts, the same results whatever the placement, and a placement no worker can serve refused
+at start."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,9 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def _one_iteration(yaml_path, url, placement=None, mode="vanilla"):
-    config = load_config(yaml_path, {"placement.rollout": placement} if placement else {})
+    # One prompt per request: two requests, pulled by two workers.
+    config = load_config(yaml_path, {"grpo.request_prompts": 1,
+                                     **({"placement.rollout": placement} if placement else {})})
     with Session.from_config(config, store=url, mode=mode) as session:
         session.run(1)
         store = session.store
@@ -27,19 +30,20 @@ def _one_iteration(yaml_path, url, placement=None, mode="vanilla"):
                 store.get_arrays("iter-000000/rollout", "rollout")["log_probs"], latents)
 
 
-def test_the_rollout_is_the_same_on_spot_workers_as_on_gpu_and_spot(tiny_run_yaml, tmp_path):
+def test_the_rollout_is_bit_identical_on_gpu_alone_and_pulled_by_gpu_and_spot(tiny_run_yaml,
+                                                                              tmp_path):
+    gpu = _one_iteration(tiny_run_yaml, str(tmp_path / "gpu"))   # one task on the gpu worker
     # Mode rlboost: random seeds, the rollout pulled by gpu and spot workers.
     both = _one_iteration(tiny_run_yaml, str(tmp_path / "both"), mode="rlboost")
-    spot = _one_iteration(tiny_run_yaml, str(tmp_path / "spot"), ["spot"])
-    np.testing.assert_array_equal(both[0], spot[0])
-    np.testing.assert_array_equal(both[4], spot[4])   # log-probabilities
-    np.testing.assert_array_equal(both[5], spot[5])   # every step's latents
+    np.testing.assert_array_equal(gpu[0], both[0])   # rewards
+    np.testing.assert_array_equal(gpu[4], both[4])   # log-probabilities
+    np.testing.assert_array_equal(gpu[5], both[5])   # every step's latents
+    assert gpu[1].keys() == both[1].keys()
+    for name in gpu[1]:
+        assert np.array_equal(gpu[1][name].numpy(), both[1][name].numpy()), name
+    assert gpu[3] == both[3] == ["p0000", "p0001"]   # one latent stream per request
     assert np.abs(both[4]).sum() > 0 and both[5].shape[:2] == (4, 8)
-    assert both[1].keys() == spot[1].keys()
-    for name in both[1]:
-        assert np.array_equal(both[1][name].numpy(), spot[1][name].numpy()), name
-    assert both[3] == spot[3] == ["p0000", "p0001"]   # one latent stream per prompt
-    assert spot[2] and all(t["worker"].startswith("spot-") for t in spot[2])
+    assert len(gpu[2]) == 1 and gpu[2][0]["worker"].startswith("gpu-")
     assert {t["request"] for t in both[2]} == {"p0000", "p0001"}
 
 
@@ -65,11 +69,14 @@ def test_preemptions_are_counted_per_kind_of_stage():
                      "rollout": {"requests": 8, "hard": 2, "graceful": 2}}
 
 
-def test_with_spot_rollouts_exploration_waits_for_the_training_window(tiny_run_yaml, tmp_path):
-    config = load_config(tiny_run_yaml, {"placement.rollout": ["gpu", "spot"]})
+def test_spotlight_pulls_the_rollout_and_explores_in_the_training_window(tiny_run_yaml,
+                                                                          tmp_path):
+    config = load_config(tiny_run_yaml, {"placement.rollout": []})   # the mode's default
+    assert config.placed("rollout") == ("gpu", "spot") and config.placed("explore") == ("spot",)
     with Session.from_config(config, store=str(tmp_path / "run"), mode="spotlight") as session:
         session.run(2)   # iteration 0 explores for iteration 1
         tasks = session.store.get_json("iter-0/iteration", "tasks")["tasks"]
+        assert session.store.stage_record("iter-0/rollout")["info"]["dispatch"]["requests"] == 1
     rollout_end = max(t["end"] for t in tasks if t["stage"] == "rollout")
     explores = [t for t in tasks if t["stage"] == "explore"]
     assert explores and min(t["start"] for t in explores) >= rollout_end

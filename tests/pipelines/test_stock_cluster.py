@@ -132,7 +132,7 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def test_ctrl_c_stops_the_run_and_resume_finishes_it(tiny_yaml, tmp_path):
     store = tmp_path / "run"
-    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "6",
+    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "3",
                                    "--store", str(store)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, start_new_session=True)
@@ -154,13 +154,13 @@ def test_ctrl_c_stops_the_run_and_resume_finishes_it(tiny_yaml, tmp_path):
     from storage import RunStore
 
     done_before = sum(RunStore.open(str(store), create=False).stage_record(f"iter-{k}/iteration")
-                      is not None for k in range(6))
-    assert done_before < 6   # it really stopped early
+                      is not None for k in range(3))
+    assert done_before < 3   # it really stopped early
     done = subprocess.run(CLI + ["run", "--resume", str(store)], capture_output=True, text=True,
                           timeout=360, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     run = RunStore.open(str(store), create=False)
-    assert all(run.stage_record(f"iter-{k}/iteration") is not None for k in range(6))
+    assert all(run.stage_record(f"iter-{k}/iteration") is not None for k in range(3))
 
 
 def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):

@@ -1,8 +1,10 @@
 import pytest
 
 from pipelines.front.timeline import (
+    idle_share,
     merge_intervals,
     overlap_fraction,
+    stage_spans,
     plot_timeline,
     worker_class,
 )
@@ -91,3 +93,17 @@ def test_plot_timeline_writes_a_png(tmp_path):
 def test_plot_timeline_refuses_no_tasks(tmp_path):
     with pytest.raises(ValueError, match="no tasks to plot"):
         plot_timeline([], tmp_path / "t.png")
+
+
+def test_rollout_spans_and_spot_idle_share_during_training():
+    tasks = [task("gpu-0", "rollout", 0, 4), task("spot-0", "rollout", 1, 6),
+             task("gpu-0", "train", 6, 10), task("gpu-0", "checkpoint", 10, 11),
+             task("spot-0", "explore", 8, 10), task("spot-1", "explore", 6, 11),
+             task("gpu-0", "rollout", 20, 22, iteration=1), task("gpu-0", "train", 22, 26,
+                                                                   iteration=1)]
+    assert stage_spans(tasks, "rollout") == {0: 6, 1: 2}
+    # Training windows 6-11 and 22-26 (9 s); spot-0 busy 2 s of them, spot-1 5 s.
+    assert idle_share(tasks) == pytest.approx(1 - (2 + 5) / (9 * 2))
+    assert idle_share(tasks, cls="gpu") == pytest.approx(0.0)
+    assert idle_share([t for t in tasks if t["worker"] != "spot-0" and
+                       t["worker"] != "spot-1"]) is None   # no spot worker

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pipelines.run import tasks
+from pipelines.run.rollout import rollout_task
 from spotlight.models.pretrain import load_base_policy, pretrain
 from spotlight.models.prompts import load_prompts
 from spotlight.rl.trainer import iteration_prompts, random_seeds
@@ -30,7 +31,7 @@ def test_one_iteration_chain_moves_the_weights_one_version(run):
     group = config.grpo.group_size
     prompts = iteration_prompts(all_prompts, 0, config.grpo.prompts_per_iteration, config.seed)
     seeds = random_seeds(config.seed, 0, len(prompts), group)
-    rollout = tasks.rollout_task(config, store, tasks.RolloutRequest(0, prompts, seeds, 0))
+    rollout = rollout_task(config, store, tasks.RolloutRequest(0, prompts, seeds, 0))
     assert rollout.record["stage"] == "rollout" and rollout.record["weights_version"] == 0
     assert rollout.record["worker"].startswith("local-")   # outside Dask: named by its pid
     reward = tasks.reward_task(config, store, rollout, prompts, group, 0)
