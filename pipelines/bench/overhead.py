@@ -121,13 +121,13 @@ class Runs:
 
     inprocess: list[float] = field(default_factory=list)
     results: dict[str, list] = field(default_factory=lambda: {m: [] for m in MODES})
-    tasks: dict[str, list] = field(default_factory=lambda: {m: [] for m in MODES})
+    tasks: dict[str, list[list]] = field(default_factory=lambda: {m: [] for m in MODES})
     reads: list[float] = field(default_factory=list)
     first_spotlight: list = field(default_factory=list)   # the timeline's: the first round's
 
     def add(self, mode: str, results: list, records: list, reads: float) -> None:
         self.results[mode] += results
-        self.tasks[mode] += records
+        self.tasks[mode].append(records)   # per run: iterations are numbered per run
         if mode == "spotlight":
             self.reads.append(reads)
             self.first_spotlight = self.first_spotlight or records
@@ -141,12 +141,14 @@ def overhead_figures(cfg: RunConfig, runs: Runs) -> dict:
     spot_wall = sum(spot[i].wall_s for i in explored)
     vanilla_wall = sum(vanilla[i].wall_s for i in explored)
     dask_s, inprocess_s = sum(r.wall_s for r in vanilla), sum(runs.inprocess)
-    rollout_s = {m: sum(stage_spans(runs.tasks[m], "rollout").values()) for m in MODES}
+    rollout_s = {m: sum(sum(stage_spans(tasks, "rollout").values()) for tasks in runs.tasks[m])
+                 for m in MODES}
     return {
         "placement": {m: list(cfg.placed("rollout", m)) for m in MODES},
         "inprocess_s": inprocess_s, "dask_s": dask_s, "overhead_ratio": dask_s / inprocess_s,
-        "exploration_overlap": overlap_fraction(runs.tasks["spotlight"], inner="explore",
-                                                outer=CRITICAL_STAGES),
+        "exploration_overlap": overlap_fraction(
+            [t for tasks in runs.tasks["spotlight"] for t in tasks], inner="explore",
+            outer=CRITICAL_STAGES),
         "critical_path_ratio": spot_wall / vanilla_wall if vanilla_wall else None,
         # The rollout on the gpu worker alone (vanilla) against pulled by gpu + spot (rlboost),
         # first request's start to last request's end; and whole iterations the same way.

@@ -95,23 +95,28 @@ def stage_spans(tasks: Sequence[dict], stage: str) -> dict[int, float]:
     return {k: b - a for k, (a, b) in _spans(tasks, (stage,)).items()}
 
 
-def idle_share(tasks: Sequence[dict], cls: str = "spot",
-               window: Sequence[str] = ("train", "checkpoint")) -> float | None:
-    """Share of the training time (per iteration: first ``window`` task's start to the last
-    one's end) that the workers of class ``cls`` (those with a task in ``tasks``) ran no task
-    at all, averaged over them: the paper's motivating measurement, spot GPUs idle while
-    on-demand GPUs train. None without a worker of ``cls`` or a training window."""
+def idle_time(tasks: Sequence[dict], cls: str = "spot",
+              window: Sequence[str] = ("train", "checkpoint")) -> tuple[float, float]:
+    """(idle, total) worker-seconds of class ``cls`` during one run's training time: per
+    iteration, from its first ``window`` task's start to its last one's end, for each worker of
+    ``cls`` with a task in ``tasks``; idle = running no task at all."""
     _check(tasks)
     windows = list(_spans(tasks, window).values())
     workers = sorted({t["worker"] for t in tasks if worker_class(t) == cls})
-    total = sum(b - a for a, b in windows)
-    if not workers or total <= 0:
-        return None
+    total = sum(b - a for a, b in windows) * len(workers)
     busy = 0.0
     for worker in workers:
         union = merge_intervals([(t["start"], t["end"]) for t in tasks if t["worker"] == worker])
         busy += sum(interval_overlap(a, b, c, d) for a, b in windows for c, d in union)
-    return 1.0 - busy / (total * len(workers))
+    return total - busy, total
+
+
+def idle_share(runs: Sequence[Sequence[dict]], cls: str = "spot") -> float | None:
+    """Share of the training time that the workers of class ``cls`` sit idle, over ``runs``
+    (each one run's tasks; iterations are numbered per run): the paper's motivating
+    measurement, spot GPUs idle while on-demand GPUs train. None without such a worker."""
+    idle, total = (sum(x) for x in zip(*[idle_time(tasks, cls) for tasks in runs] or [(0, 0)]))
+    return idle / total if total > 0 else None
 
 
 def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None = None) -> Path:

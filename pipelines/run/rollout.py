@@ -60,7 +60,7 @@ def _sample_chunk(ctx, chunk: RolloutChunk, progress: dict | None = None):
 
 
 def rollout_task(config, store, request: tasks.RolloutRequest) -> tasks.RolloutOutput:
-    """The whole rollout on one worker (``placement.rollout`` of one class): its requests in
+    """The whole rollout on one gpu worker (``placement.rollout: [gpu]``): its requests in
     order, persisted before it returns, kept in memory for reward and training."""
     start = time.time()
     ctx = tasks.context(config, store)

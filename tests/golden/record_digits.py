@@ -1,6 +1,9 @@
 """Run the pinned digits scenario and print one JSON line per mode: rewards and weights hashes.
 
-    python tests/golden/record_digits.py spotlight,vanilla,sync
+    python tests/golden/record_digits.py spotlight,vanilla,sync [harness]
+
+With ``harness`` each mode is also run by the in-process harness (``pipelines/run/harness.py``)
+and printed as ``harness-<mode>``: it must give the cluster's numbers.
 
 ``tests/pipelines/test_digits_pin.py`` runs this in a subprocess and compares with
 ``digits.json``. Torch's kernels are held to their portable (non-SIMD) paths and MKL to its
@@ -65,14 +68,32 @@ def record(mode: str, workdir: str) -> dict:
             "rollout_reward": [float(v) for v in history["reward_mean"]]}
 
 
+def record_harness(mode: str, workdir: str) -> dict:
+    from pipelines.run.harness import Harness
+    from spotlight.config import load_config
+
+    harness = Harness(load_config(os.path.join(workdir, "pinned.yaml")), mode)
+    try:
+        run = harness.run_iterations(3)
+        weights = harness.store.load_checkpoint(3).weights
+    finally:
+        harness.close()
+    return {"weights_sha256": weights_sha256(weights),
+            "val_reward": [it.val_reward for it in run.iterations],
+            "rollout_reward": [it.rollout_reward for it in run.iterations]}
+
+
 def main(argv: list[str]) -> int:
     modes = (argv[0] if argv else "spotlight,vanilla,sync").split(",")
+    harness = argv[1:] == ["harness"]
     with tempfile.TemporaryDirectory() as workdir:
         # A private artefact cache: the recogniser and the base model are trained here, on the
         # portable paths too, never taken from a cache another process filled.
         os.environ["SPOTLIGHT_CACHE"] = os.path.join(workdir, "cache")
         for mode in modes:
             print(json.dumps({mode: record(mode, workdir)}), flush=True)
+            if harness:
+                print(json.dumps({f"harness-{mode}": record_harness(mode, workdir)}), flush=True)
     return 0
 
 

@@ -1,8 +1,9 @@
 """The digits results, pinned: a short run per mode gives exactly the rewards and final weights
 recorded from the code before the pipeline was hardened and reshaped (``tests/golden``).
 
-Refactors must not change what a run computes; this is where it would show. The runs go in one
-subprocess (``tests/golden/record_digits.py``) with torch and MKL held to their portable code
+Refactors must not change what a run computes; this is where it would show. The in-process
+harness (``pipelines/run/harness.py``) runs the same three modes and must give the same numbers
+as the cluster. The runs go in one subprocess (``tests/golden/record_digits.py``) with torch and MKL held to their portable code
 paths, so that the pin does not depend on the CPU's vector extensions.
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ MODES = ["spotlight", "vanilla", "sync"]
 @pytest.fixture(scope="module")
 def recorded() -> dict:
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
-    done = subprocess.run([sys.executable, str(RECORDER), ",".join(MODES)], cwd=PROJECT_ROOT,
+    done = subprocess.run([sys.executable, str(RECORDER), ",".join(MODES), "harness"],
+                          cwd=PROJECT_ROOT,
                           env=env, capture_output=True, text=True, timeout=1100)
     assert done.returncode == 0, done.stderr[-3000:]
     out: dict = {}
@@ -40,4 +42,12 @@ def test_a_short_run_reproduces_the_recorded_digits_results(recorded, mode):
     assert got["rollout_reward"] == expected["rollout_reward"]
     assert got["val_reward"] == expected["val_reward"]
     assert got["rewards_sha256"] == expected["rewards_sha256"]
+    assert got["weights_sha256"] == expected["weights_sha256"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_in_process_harness_computes_what_the_cluster_computes(recorded, mode):
+    got, expected = recorded[f"harness-{mode}"], GOLDEN[mode]
+    assert got["rollout_reward"] == expected["rollout_reward"]
+    assert got["val_reward"] == expected["val_reward"]
     assert got["weights_sha256"] == expected["weights_sha256"]

@@ -103,7 +103,11 @@ def test_rollout_spans_and_spot_idle_share_during_training():
                                                                    iteration=1)]
     assert stage_spans(tasks, "rollout") == {0: 6, 1: 2}
     # Training windows 6-11 and 22-26 (9 s); spot-0 busy 2 s of them, spot-1 5 s.
-    assert idle_share(tasks) == pytest.approx(1 - (2 + 5) / (9 * 2))
-    assert idle_share(tasks, cls="gpu") == pytest.approx(0.0)
-    assert idle_share([t for t in tasks if t["worker"] != "spot-0" and
-                       t["worker"] != "spot-1"]) is None   # no spot worker
+    assert idle_share([tasks]) == pytest.approx(1 - (2 + 5) / (9 * 2))
+    assert idle_share([tasks], cls="gpu") == pytest.approx(0.0)
+    no_spot = [t for t in tasks if not t["worker"].startswith("spot")]
+    assert idle_share([no_spot]) is None
+    # Two runs number their iterations alike: each run's windows are its own.
+    later = [dict(t, start=t["start"] + 100, end=t["end"] + 100) for t in tasks]
+    assert idle_share([tasks, later]) == pytest.approx(1 - (2 + 5) / (9 * 2))
+    assert idle_share([tasks, no_spot]) == pytest.approx(1 - (2 + 5) / (9 * 2))

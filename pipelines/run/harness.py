@@ -1,0 +1,186 @@
+"""The Dask iteration without Dask: the same task functions, called in order in this process.
+
+A run of :class:`Harness` computes exactly what :class:`~pipelines.run.driver.Driver` computes
+on a cluster -- the same seeds, exploration with θ_k-1 for iteration k, selection, audit and
+fidelity fallback, rollout, reward, advantages, training -- bit for bit (tested against the
+pinned cluster runs), because it calls the very task functions the workers run, with the
+workers' torch thread count, on an in-memory run store. What it leaves out is what does not
+change the numbers: Dask, the manifest, streamed latents, events, the cost ledger, timing. So
+iteration efficiency (iterations to a target) is measured here, many seeds in one sitting, and
+time per iteration on the cluster.
+
+Exploration runs every planned request (``exploration.deadline`` off) with the planner's
+fixed arm (``planner.enabled`` off): both otherwise depend on measured time.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipelines.run import tasks
+from pipelines.run.exploration import candidate_seeds
+from pipelines.run.rollout import rollout_task
+from spotlight.config import ConfigError, RunConfig
+from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due, audit_picks,
+                                            grouped_kendall_tau)
+from spotlight.models.base import base_policy
+from spotlight.models.prompts import Prompt, world_prompts
+from spotlight.rl.trainer import iteration_prompts, random_seeds
+from storage import RunStore
+
+HARNESS_MODES = ("vanilla", "sync", "spotlight", "rlboost")
+
+
+@dataclass
+class HarnessIteration:
+    """What one iteration measured."""
+
+    iteration: int
+    rollout_reward: float
+    group_std: float                 # mean within-prompt std of the rollout rewards
+    source: str                      # where the seeds came from: random, explore, sync, ...
+    audit_tau: float | None = None   # stale vs fresh ranking of random candidates
+    val_reward: float | None = None  # of θ_k+1, when validated
+
+
+@dataclass
+class HarnessRun:
+    mode: str
+    seed: int
+    base_val_reward: float
+    iterations: list[HarnessIteration] = field(default_factory=list)
+
+    def val_curve(self) -> list[tuple[int, float]]:
+        """(iterations trained, validation reward), from the base model on."""
+        return [(0, self.base_val_reward)] + [(it.iteration + 1, it.val_reward)
+                                              for it in self.iterations
+                                              if it.val_reward is not None]
+
+
+class Harness:
+    """One run of ``mode`` from the cached base model, iteration by iteration."""
+
+    def __init__(self, config: RunConfig, mode: str) -> None:
+        if mode not in HARNESS_MODES:
+            raise ConfigError(f"harness mode {mode!r}: choose one of {', '.join(HARNESS_MODES)}")
+        if config.planner.enabled or config.exploration.deadline:
+            raise ConfigError("the harness replays exploration without timing: set "
+                              "planner.enabled: false and exploration.deadline: false")
+        self.config = config.with_values({"mode": mode, "stream_latents": False})
+        self.mode = mode
+        self.store = RunStore.open(f"memory://harness-{uuid.uuid4().hex}")
+        self.store.save_checkpoint(0, base_policy(self.config, progress=False).state_dict(),
+                                   None)
+        self.train_prompts = world_prompts(self.config, "train")
+        self.val_prompts = world_prompts(self.config, "val")
+        self.monitor = RankFidelityMonitor(self.config.fidelity)
+        self.stale: dict[int, list[tuple[list, list]]] = {}   # iteration -> per prompt
+        self.run = HarnessRun(mode, self.config.seed, self.validate(0))
+
+    def prompts(self, k: int) -> list[Prompt]:
+        grpo = self.config.grpo
+        return iteration_prompts(self.train_prompts, k, grpo.prompts_per_iteration,
+                                 self.config.seed)
+
+    def validate(self, version: int) -> float:
+        out = tasks.validation_task(self.config, self.store, max(version - 1, 0),
+                                    self.val_prompts, version)
+        return float(out["mean_reward"])
+
+    def run_iterations(self, iterations: int, validate_every: int | None = None) -> HarnessRun:
+        """Iterations ``len(run.iterations)`` .. ``iterations - 1``; validation as the driver
+        schedules it (every ``validation.every`` and after the last)."""
+        every = validate_every or self.config.validation.every
+        for k in range(len(self.run.iterations), iterations):
+            validate = (k + 1) % every == 0 or k + 1 == iterations
+            self.run.iterations.append(self.iteration(k, k + 1 < iterations, validate))
+        return self.run
+
+    def iteration(self, k: int, explore_next: bool, validate: bool) -> HarnessIteration:
+        cfg, prompts = self.config, self.prompts(k)
+        selection, source = self.seeds_for(k, prompts)
+        tau = self.audit(k, prompts) if self.mode == "spotlight" else None
+        if explore_next and self.mode == "spotlight":   # θ_k explores k+1 (while θ_k trains)
+            self.stale[k + 1] = self.explore(k + 1, k, cfg.exploration.candidates)
+        rollout = rollout_task(cfg, self.store, tasks.RolloutRequest(k, prompts,
+                                                                      selection.seeds, k))
+        scored = tasks.reward_task(cfg, self.store, rollout, prompts, cfg.grpo.group_size, k)
+        adv = tasks.advantages_task(cfg, k, scored["rewards"], k)
+        trained = tasks.train_task(cfg, self.store, rollout,
+                                   tasks.TrainRequest(k, prompts, scored["rewards"], adv, k))
+        saved = tasks.checkpoint_task(cfg, self.store, trained, k, k)
+        self.store.commit_checkpoint(saved["checkpoint"])
+        if tau is not None:
+            self.monitor.observe(k, tau)
+        rewards = scored["rewards"]
+        return HarnessIteration(k, float(rewards.mean()), float(rewards.std(axis=1).mean()),
+                                source, tau, self.validate(k + 1) if validate else None)
+
+    # --- seeds -------------------------------------------------------------------------------
+    def seeds_for(self, k: int, prompts: list[Prompt]) -> tuple[Selection, str]:
+        """As :meth:`Exploration.seeds_for`: sync explores now; spotlight selects among the
+        candidates θ_k-1 scored, or falls back when the audit stopped trusting them."""
+        cfg, group = self.config, self.config.grpo.group_size
+        fallback = self.mode == "spotlight" and self.monitor.state == "fallback"
+        if self.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
+            return self.select(k, self.explore(k, k, cfg.exploration.candidates, "explore-sync")
+                               ), "sync"
+        stale = self.stale.get(k) if self.mode == "spotlight" else None
+        if stale is not None and not fallback:
+            return self.select(k, stale), "explore"
+        if fallback and stale is not None:
+            return self.select(k, [(s[:group], r[:group]) for s, r in stale]), "fallback-random"
+        seeds = random_seeds(cfg.seed, k, len(prompts), group)
+        return Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
+                         np.full(seeds.shape, np.nan)), "random"
+
+    def select(self, k: int, per_prompt: list[tuple[list, list]]) -> Selection:
+        group = self.config.grpo.group_size
+        fresh = random_seeds(self.config.seed, k, len(per_prompt), group)
+        return select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt], group,
+                            fresh)
+
+    def explore(self, iteration: int, version: int, candidates: int,
+                stage: str = "explore") -> list[tuple[list, list]]:
+        """Score ``candidates`` seeds per prompt of ``iteration`` with θ_version, in the
+        pipeline's requests (one per prompt and ``exploration.request_batch`` candidates)."""
+        cfg, batch = self.config, self.config.exploration.request_batch
+        prompts = self.prompts(iteration)
+        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
+        steps = cfg.exploration.steps or cfg.sampler.num_steps
+        per_prompt: list[tuple[list, list]] = []
+        for p, prompt in enumerate(prompts):
+            found: tuple[list, list] = ([], [])
+            for chunk, lo in enumerate(range(0, candidates, batch)):
+                out = tasks.explore_task(cfg, self.store, tasks.ExploreRequest(
+                    iteration, p, prompt, seeds[p, lo:lo + batch], chunk, version, stage, steps))
+                found[0].extend(out["seeds"].tolist())
+                found[1].extend(out["rewards"].tolist())
+            per_prompt.append(found)
+        return per_prompt
+
+    def audit(self, k: int, prompts: list[Prompt]) -> float | None:
+        """As :meth:`Exploration.submit_audit`: random stale candidates of k re-scored with θ_k;
+        Kendall τ between the two rankings, per prompt, averaged."""
+        stale, fidelity = self.stale.get(k), self.config.fidelity
+        if stale is None or not audit_due(k, fidelity.audit_every):
+            return None
+        picks = audit_picks(self.config.seed, k, [len(s) for s, _ in stale],
+                            fidelity.audit_prompts, fidelity.audit_candidates)
+        steps = self.config.exploration.steps or self.config.sampler.num_steps
+        xs, ys = [], []
+        for p, chosen in picks:
+            seeds = np.asarray([stale[p][0][c] for c in chosen])
+            out = tasks.explore_task(self.config, self.store, tasks.ExploreRequest(
+                k, p, prompts[p], seeds, 0, k, "audit", steps))
+            scored = dict(zip(stale[p][0], stale[p][1]))
+            xs.append([scored[int(s)] for s in out["seeds"]])
+            ys.append(out["rewards"].tolist())
+        tau = grouped_kendall_tau(xs, ys)
+        return None if np.isnan(tau) else float(tau)
+
+    def close(self) -> None:
+        tasks.forget_contexts()
