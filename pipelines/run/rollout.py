@@ -89,11 +89,10 @@ def rollout_chunk_task(config, store, chunk: RolloutChunk) -> dict:
         try:
             traj = _sample_chunk(ctx, chunk, progress)
         except StopAtStep as stop:
-            point = store.resume_point(tasks.stage_name(chunk.iteration, "rollout"), chunk.name)
-            return {"preempted": True, "step": 0 if point is None else int(point.step),
-                    "computed_step": stop.step,
-                    "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
-                                                request=chunk.name, preempted=True, **progress)}
+            return tasks.handed_back(store, tasks.stage_name(chunk.iteration, "rollout"),
+                                     chunk.name, stop, tasks.task_record(
+                                         "rollout", chunk.iteration, start, chunk.version,
+                                         request=chunk.name, preempted=True, **progress))
     return {"log_probs": traj.log_probs.numpy(),
             "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
                                         request=chunk.name, samples=chunk.seeds.size,

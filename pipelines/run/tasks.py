@@ -360,6 +360,16 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
                         task_record("checkpoint", iteration, start, version + 1)]}
 
 
+def handed_back(store: RunStore, stage: str, request: str, stop: StopAtStep,
+                record: dict) -> dict:
+    """The result of a request handed back after a preemption notice: a result, not a failure.
+    The sink has closed, so everything through ``stop.step`` is committed (lost steps:
+    computed minus committed)."""
+    point = store.resume_point(stage, request)
+    return {"preempted": True, "step": 0 if point is None else int(point.step),
+            "computed_step": stop.step, "record": record}
+
+
 def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) -> dict:
     """Score candidate seeds of one prompt by replaying the rollout's SDE sampler (see
     :class:`ExploreRequest`). One call is one request of fixed batch shape."""
@@ -379,15 +389,9 @@ def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) ->
             traj = _sample_streamed(ctx, [prompt.text] * len(seeds), np.asarray(seeds), keys,
                                     where, name, version, num_steps=steps, progress=progress)
         except StopAtStep as stop:
-            # Handed back after a preemption notice: a result, not a failure. The sink has
-            # closed, so everything through ``stop.step`` is committed (lost steps: computed
-            # minus committed).
-            point = store.resume_point(where, name)
-            committed = 0 if point is None else int(point.step)
-            return {"preempted": True, "prompt_index": prompt_index, "chunk": chunk,
-                    "step": committed, "computed_step": stop.step,
-                    "record": task_record(stage, iteration, start, version, request=name,
-                                          preempted=True, **progress)}
+            return {**handed_back(store, where, name, stop, task_record(
+                        stage, iteration, start, version, request=name, preempted=True,
+                        **progress)), "prompt_index": prompt_index, "chunk": chunk}
         images = policy.decode(traj.final)
         rewards = np.asarray(ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
     check_rewards(rewards, "exploration")

@@ -113,18 +113,24 @@ def test_a_result_stranded_on_a_worker_killed_before_the_fetch_is_recomputed_els
     assert out["r"]["record"]["worker"] != holder
 
 
-def test_a_sigterm_notice_hands_the_request_back_at_a_step_boundary_losing_no_step(
+def test_a_sigterm_notice_hands_a_rollout_request_back_at_a_step_boundary_losing_no_step(
         tiny_run_yaml, tmp_path):
+    # A rollout request (exploration's hand-back is the same helper; the chaos test sends
+    # notices to exploration requests).
+    from pipelines.run.rollout import RolloutChunk, rollout_chunk_task
+
     config = load_config(tiny_run_yaml, {"sampler.num_steps": 300,
                                          "cluster.spot_workers": 2})
-    seeds = np.arange(3)
     with Session.from_config(config, store=str(tmp_path / "run")) as session:
         store, handle = session.store, session.cluster
         fleet = SpotFleet(handle, config.cluster)
-        pool = RequestPool(handle, [explore_spec(session, "notice", seeds)], config.preemption,
-                           store=store)
-        stage = tasks.stage_name(0, "notice")
-        wait_until(lambda: store.latents.commit_record(stage, REQUEST), 120, "a first commit")
+        chunk = RolloutChunk(0, 0, session.train_prompts[:1], np.arange(3)[None, :], 0)
+        stage = tasks.stage_name(0, "rollout")
+        pool = RequestPool(handle, [RequestSpec("r", rollout_chunk_task,
+                                                (session.config, store, chunk), stage,
+                                                chunk.name)], config.preemption, store=store)
+        wait_until(lambda: store.latents.commit_record(stage, chunk.name), 120,
+                   "a first commit")
         holder = pool._addresses[pool.dispatcher.requests["r"].worker]
         assert fleet.preempt(holder, "notice")
         pool.wait(300)
