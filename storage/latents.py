@@ -16,7 +16,7 @@ sampler gives ``sigma`` per step and ``prompt`` and ``seed`` per sample. When a 
 step is committed its group's metadata is consolidated, so a finished request opens with plain
 xarray in one read::
 
-    xarray.open_zarr(RUN_URL + "/iter-000012/rollout.zarr/latents/batch")
+    xarray.open_zarr(RUN_URL + "/iter-000012/rollout.zarr/latents/p0000")
 
 Step 0 is the initial noise, step t the latent after t denoising steps. A step is committed
 when the commit marker says so; the marker is written only after the chunk it covers, so a
