@@ -30,11 +30,13 @@ from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
-from spotlight.scheduling.traces import load_trace, replay_schedule, scale_to_cap
+from spotlight.scheduling.traces import (load_trace, longest_outage_s, replay_schedule,
+                                         scale_to_cap)
 from storage import RunStore, stage_key
 
 DEFAULT_TRACE = "g4dn-events.csv"
 MIN_DROP_GAP_S = 8.0   # the default time scale spaces drops about this far apart (median)
+OUTAGE_MARGIN_S = 60.0   # a replacement spot worker's start and weight load, with room to spare
 
 
 def default_trace() -> Path:
@@ -259,8 +261,16 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-preemption-"))
     clean = _run(cfg, str(root / "clean"), iterations)
     scale = time_scale or fit_time_scale(trace_path, cfg.cluster.spot_workers)
+    # Requests wait out the trace's longest spell without spot capacity (plus a replacement's
+    # start-up) instead of giving up: the bench measures what preemptions lose, not the
+    # give-up policy, which has its own test.
+    outage = longest_outage_s(scale_to_cap(load_trace(trace_path),
+                                           cfg.cluster.spot_workers)) * scale
+    wait = user_overrides.get("preemption.no_spot_wait_s",
+                              max(cfg.preemption.no_spot_wait_s, outage + OUTAGE_MARGIN_S))
     chaos_cfg = cfg.with_values({"injector.trace": str(trace_path.resolve()),
-                                 "injector.time_scale": scale, "injector.action": "mixed"})
+                                 "injector.time_scale": scale, "injector.action": "mixed",
+                                 "preemption.no_spot_wait_s": wait})
     chaos = _run(chaos_cfg, str(root / "chaos"), iterations)
     figures = preemption_figures(chaos, _step_seconds(clean["records"]))
     summaries = [d["summary"] for d in chaos["dispatch"]]
@@ -269,6 +279,7 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     return {
         "bench": "preemption", "config": cfg.source, "iterations": iterations,
         "trace": str(trace_path), "time_scale": scale,
+        "longest_outage_s": outage, "no_spot_wait_s": wait,
         "requests_total": total,
         "requests_lost": total - sum(s["finished"] for s in summaries),
         "identical_to_clean": _identical(str(root / "clean"), str(root / "chaos"), iterations),

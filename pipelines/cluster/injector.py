@@ -4,7 +4,8 @@ Real process kills, not simulated ones: a drop in the trace SIGKILLs spot worker
 (no warning, as when a VM vanishes) or sends them SIGTERM (the notice path: the worker hands
 its requests back and retires); a rise starts fresh spot worker processes. A trace of more
 nodes than the embedded cluster holds is scaled to its spot-worker cap, keeping the timing of
-every drop and rise. Victims are chosen from the seed, so a replay is repeatable.
+every drop and rise. Victims are chosen from the seed, so a replay is repeatable. A run that
+outlives the trace replays it again from its start.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import numpy as np
 from pipelines.cluster.connect import SPOT, ClusterError, ClusterHandle, worker_spec
 from spotlight.config import ClusterConfig, InjectorConfig
 from spotlight.scheduling.traces import (ReplayEvent, SpotTrace, choose_victims, initial_count,
-                                         load_trace, poisson_trace, replay_schedule, scale_to_cap)
+                                         load_trace, poisson_trace, replay_period_s,
+                                         replay_schedule, scale_to_cap)
 
 EventFn = Callable[[str, dict], None]
 POISSON_HOURS = 24.0   # a Poisson "trace" long enough for any run; the replay stops with the run
@@ -147,12 +149,21 @@ class PreemptionInjector:
         self.stop()
 
     def _run(self) -> None:
+        """Replay the schedule; a run that outlives the trace replays it again (from the
+        start's spot count), so a trace that ends with no node up cannot starve it."""
+        period = replay_period_s(self.trace, self.config.time_scale)
         try:
-            self._apply(self.start_count - len(self.fleet.names()), trace_s=None)
-            for event in self.schedule:
-                if self._stop.wait(max(0.0, self.t0 + event.at_s - time.time())):
+            for replay in range(10**6 if period > 0 else 1):
+                if replay:
+                    self._note("trace_restart", replay=replay)
+                self._apply(self.start_count - len(self.fleet.names()), trace_s=None)
+                begin = self.t0 + replay * period
+                for event in self.schedule:
+                    if self._stop.wait(max(0.0, begin + event.at_s - time.time())):
+                        return
+                    self._apply(event.change, trace_s=event.trace_s)
+                if self._stop.wait(max(0.0, begin + period - time.time())):
                     return
-                self._apply(event.change, trace_s=event.trace_s)
         except Exception as exc:  # noqa: BLE001 - an injector failure is reported, not fatal
             self._note("injector_error", error=f"{type(exc).__name__}: {exc}")
 

@@ -236,6 +236,30 @@ def initial_count(trace: SpotTrace, start_s: float | None = None) -> int:
     return trace.count_at(_start(trace, start_s))
 
 
+def longest_outage_s(trace: SpotTrace, start_s: float | None = None) -> float:
+    """The longest stretch of trace seconds after the replay start with no node up (an
+    outage still open at the trace's end runs to ``duration_s``)."""
+    start = _start(trace, start_s)
+    longest, down_since = 0.0, None
+    for t, c in trace.counts:
+        if t < start:
+            continue
+        if c == 0 and down_since is None:
+            down_since = t
+        elif c > 0 and down_since is not None:
+            longest, down_since = max(longest, t - down_since), None
+    if down_since is not None:
+        longest = max(longest, trace.duration_s - down_since)
+    return longest
+
+
+def replay_period_s(trace: SpotTrace, time_scale: float, start_s: float | None = None) -> float:
+    """Wall seconds one replay of ``trace`` lasts, from its start to ``duration_s``: a run that
+    outlives the trace replays it again from there (a trace that ends with no node up would
+    otherwise leave the cluster without spot workers for good)."""
+    return (trace.duration_s - _start(trace, start_s)) * time_scale
+
+
 def replay_schedule(trace: SpotTrace, time_scale: float, *,
                     start_s: float | None = None) -> list[ReplayEvent]:
     """The changes after the start, in wall time: ``time_scale`` is wall seconds per trace second

@@ -125,3 +125,24 @@ def test_the_replay_thread_stops_when_asked(cluster, tmp_path):
     injector.stop()
     assert time.monotonic() - started < 5 and not injector._thread.is_alive()
     assert injector.summary()["kills"] == 0   # the drop an hour away never happened
+
+
+def test_a_run_that_outlives_the_trace_gets_it_replayed_from_the_start(cluster, tmp_path):
+    # The trace ends with every node gone; 500 trace seconds last 1 s of wall time.
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,add,a\n0,add,b\n0,add,c\n500,remove,a\n500,remove,b\n500,remove,c\n")
+    injector = PreemptionInjector(_handle(cluster),
+                                  InjectorConfig(trace=str(trace), time_scale=0.002),
+                                  ClusterConfig(spot_workers=3)).start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(r["kind"] == "start"
+                                                      for r in injector.log):
+            time.sleep(0.05)
+    finally:
+        injector.stop()
+    kinds = [r["kind"] for r in injector.log]
+    assert "no_spot_left" in kinds and "trace_restart" in kinds
+    # The second replay begins as the first did: with the start's three spot workers.
+    assert kinds.index("trace_restart") < kinds.index("start")
+    assert kinds.count("start") >= 3

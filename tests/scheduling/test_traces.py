@@ -14,7 +14,9 @@ from spotlight.scheduling.traces import (
     choose_victims,
     initial_count,
     load_trace,
+    longest_outage_s,
     poisson_trace,
+    replay_period_s,
     replay_schedule,
     scale_to_cap,
 )
@@ -336,3 +338,17 @@ def test_choose_victims_caps_at_the_alive_workers():
     assert choose_victims([], 3, np.random.default_rng(0)) == []
     with pytest.raises(ValueError, match="n must be >= 0"):
         choose_victims(WORKERS, -1, np.random.default_rng(0))
+
+
+def test_the_longest_outage_after_the_start_is_measured_in_trace_seconds():
+    # The leading empty stretch is before the replay starts (at the first node up).
+    trace = SpotTrace("t", ((0.0, 0), (2.0, 3), (4.0, 0), (5.0, 1), (6.0, 0), (9.0, 2),
+                            (10.0, 0)), 11.5)
+    assert longest_outage_s(trace) == 3.0
+    assert longest_outage_s(SpotTrace("t", ((0.0, 2), (1.0, 0)), 10.0)) == 9.0   # never back
+    assert longest_outage_s(SpotTrace("t", ((0.0, 2), (1.0, 1)), 10.0)) == 0.0
+
+
+def test_one_replay_lasts_from_the_start_to_the_end_of_the_trace():
+    trace = SpotTrace("t", ((0.0, 0), (2.0, 3), (10.0, 0)), 12.0)
+    assert replay_period_s(trace, 0.5) == (12.0 - 2.0) * 0.5   # starts at the first node up
