@@ -140,11 +140,12 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
     kills = {e["worker"]: e["at"] for e in chaos["injector"] if e["kind"] in ("kill", "notice")}
     final = {}   # (stage, request) -> record of the attempt that finished
     for r in chaos["records"]:
-        if r["stage"] in ("explore", "audit") and r.get("request"):
+        if r["stage"] in ("explore", "audit", "rollout") and r.get("request"):
             final[(f"iter-{r['iteration']}/{r['stage']}", r["request"])] = r
-    hard, graceful, recovery, max_pre, outage = [], [], [], 0, 0.0
+    hard, graceful, recovery, max_pre, outage, newcomers = [], [], [], 0, 0.0, []
     for stage in chaos["dispatch"]:
         max_pre = max(max_pre, stage["summary"]["max_preemptions_of_one_request"])
+        newcomers += stage["summary"].get("newcomer_ready_s", [])
         events = stage["log"]
         outage += _outage_s(events)
         for i, e in enumerate(events):
@@ -174,6 +175,10 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
                                           "graceful": float(np.mean(graceful)) if graceful else None,
                                           "hard_each": hard, "graceful_each": graceful},
             "recovery_s": {"p50": pct(recovery, 50), "p95": pct(recovery, 95), "n": len(recovery)},
+            # A spot worker joining mid-stage: from being seen to its first request (it loads
+            # the stage's weights version first).
+            "newcomer_ready_s": {"p50": pct(newcomers, 50), "max": max(newcomers, default=None),
+                                 "n": len(newcomers)},
             "max_preemptions_of_one_request": max_pre, "step_s": step_s,
             "spot_outage_s": outage}
 
