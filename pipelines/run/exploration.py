@@ -62,6 +62,26 @@ def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int
     return random_seeds(run_seed + 7919, iteration, prompts, candidates)
 
 
+def explore_requests(config: RunConfig, iteration: int, prompts: list[Prompt], version: int,
+                     stage: str, candidates: int,
+                     steps: int | None = None) -> list[tasks.ExploreRequest]:
+    """The requests exploring ``prompts`` of ``iteration`` with weights ``version``: one per
+    prompt and ``exploration.request_batch`` candidates (fixed shapes, wherever they run)."""
+    seeds = candidate_seeds(config.seed, iteration, len(prompts), candidates)
+    batch = config.exploration.request_batch
+    return [tasks.ExploreRequest(iteration, p, prompt, seeds[p, lo:lo + batch], chunk, version,
+                                 stage, steps)
+            for p, prompt in enumerate(prompts)
+            for chunk, lo in enumerate(range(0, candidates, batch))]
+
+
+def random_selection(config: RunConfig, iteration: int, prompts: int) -> Selection:
+    """Fresh random seeds for an iteration that did not explore (nothing explored or filled)."""
+    seeds = random_seeds(config.seed, iteration, prompts, config.grpo.group_size)
+    return Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
+                     np.full(seeds.shape, np.nan))
+
+
 class Exploration:
     """Plans, runs and judges seed exploration; owns the planner and the fidelity monitor."""
 
@@ -173,19 +193,12 @@ class Exploration:
         """Explore the (first ``prompts_explored``) prompts of ``iteration`` with weights
         ``version`` (``stale``: θ_k-1, off the critical path; else synchronously), one request
         per prompt and chunk of candidates."""
-        cfg, explore = self.config, self.config.exploration
-        candidates = candidates or explore.candidates
-        prompts = self.run.prompts(iteration)
-        if prompts_explored is not None:
-            prompts = prompts[:prompts_explored]
-        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
+        prompts = self.run.prompts(iteration)[:prompts_explored]
         stage = "explore" if stale else "explore-sync"
-        requests = [self.explore_spec(tasks.ExploreRequest(
-                        iteration, p, prompt, seeds[p, lo:lo + explore.request_batch], chunk,
-                        version, stage, steps))
-                    for p, prompt in enumerate(prompts)
-                    for chunk, lo in enumerate(range(0, candidates, explore.request_batch))]
-        return self.dispatch(requests, self.classes(stale), stage)
+        requests = explore_requests(self.config, iteration, prompts, version, stage,
+                                    candidates or self.config.exploration.candidates, steps)
+        return self.dispatch([self.explore_spec(r) for r in requests], self.classes(stale),
+                             stage)
 
     def finish(self, iteration: int, work, stage: str, planned: int | None = None,
                select: bool = True) -> Selection | None:
@@ -252,9 +265,7 @@ class Exploration:
         if fallback and stale is not None:   # random fallback: the first G candidates are random
             per_prompt = [(s[:group], r[:group]) for s, r in zip(stale["seeds"], stale["rewards"])]
             return self._select(iteration, per_prompt, "fallback-random")
-        seeds = random_seeds(cfg.seed, iteration, cfg.grpo.prompts_per_iteration, group)
-        selection = Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
-                              np.full(seeds.shape, np.nan))
+        selection = random_selection(cfg, iteration, cfg.grpo.prompts_per_iteration)
         return self._record_selection(iteration, selection, "random")
 
     def _explore_now(self, iteration: int) -> Selection:

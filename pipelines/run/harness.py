@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.run.exploration import candidate_seeds
+from pipelines.run.exploration import explore_requests, random_selection
 from pipelines.run.rollout import rollout_task
 from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import Selection, select_seeds
@@ -133,9 +133,7 @@ class Harness:
             return self.select(k, stale), "explore"
         if fallback and stale is not None:
             return self.select(k, [(s[:group], r[:group]) for s, r in stale]), "fallback-random"
-        seeds = random_seeds(cfg.seed, k, len(prompts), group)
-        return Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
-                         np.full(seeds.shape, np.nan)), "random"
+        return random_selection(cfg, k, len(prompts)), "random"
 
     def select(self, k: int, per_prompt: list[tuple[list, list]]) -> Selection:
         group = self.config.grpo.group_size
@@ -147,19 +145,13 @@ class Harness:
                 stage: str = "explore") -> list[tuple[list, list]]:
         """Score ``candidates`` seeds per prompt of ``iteration`` with θ_version, in the
         pipeline's requests (one per prompt and ``exploration.request_batch`` candidates)."""
-        cfg, batch = self.config, self.config.exploration.request_batch
         prompts = self.prompts(iteration)
-        seeds = candidate_seeds(cfg.seed, iteration, len(prompts), candidates)
-        steps = cfg.exploration.steps or cfg.sampler.num_steps
-        per_prompt: list[tuple[list, list]] = []
-        for p, prompt in enumerate(prompts):
-            found: tuple[list, list] = ([], [])
-            for chunk, lo in enumerate(range(0, candidates, batch)):
-                out = tasks.explore_task(cfg, self.store, tasks.ExploreRequest(
-                    iteration, p, prompt, seeds[p, lo:lo + batch], chunk, version, stage, steps))
-                found[0].extend(out["seeds"].tolist())
-                found[1].extend(out["rewards"].tolist())
-            per_prompt.append(found)
+        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
+        for request in explore_requests(self.config, iteration, prompts, version, stage,
+                                        candidates):
+            out = tasks.explore_task(self.config, self.store, request)
+            per_prompt[request.prompt_index][0].extend(out["seeds"].tolist())
+            per_prompt[request.prompt_index][1].extend(out["rewards"].tolist())
         return per_prompt
 
     def audit(self, k: int, prompts: list[Prompt]) -> float | None:

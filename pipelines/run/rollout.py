@@ -3,8 +3,9 @@
 The rollout is split into requests of ``grpo.request_prompts`` prompts, each with its whole
 group of seeds -- fixed batch shapes, the same split wherever the rollout runs, so the latents
 and log-probabilities do not depend on which worker computes them -- and handed out by the
-pull dispatch (:class:`~pipelines.cluster.dispatch.RequestPool`) with adaptive offload: the tail goes to whoever finishes first by measured speed, and an idle gpu
-worker re-runs a straggling spot request. On gpu workers alone the requests run in order in
+pull dispatch (:class:`~pipelines.cluster.dispatch.RequestPool`) with adaptive offload: the
+tail goes to whoever finishes first by measured speed, and an idle gpu worker re-runs a
+straggling spot request. On gpu workers alone the requests run in order in
 one task instead (:func:`rollout_task`). Each request streams its latents to
 ``iter-K/rollout.zarr/latents/pNNNN`` and resumes a preempted attempt from its last committed
 step. When every request is in, the log-probabilities go to ``rollout.npz`` and the stage is
