@@ -21,6 +21,21 @@ def first_crossing(curve: Sequence[tuple[int, float]], target: float) -> int | N
     return None
 
 
+def crossing(curve: Sequence[tuple[int, float]], target: float) -> float | None:
+    """Iterations to ``target``, interpolated linearly between the last validation below it and
+    the first at or above it (None: never reached). Validations every few iterations would
+    otherwise round every run up to the next validation, hiding differences smaller than that."""
+    previous = None
+    for iteration, reward in curve:
+        if reward >= target:
+            if previous is None:
+                return float(iteration)
+            i0, r0 = previous
+            return float(i0 + (target - r0) / (reward - r0) * (iteration - i0))
+        previous = (iteration, reward)
+    return None
+
+
 def curve_area(curve: Sequence[tuple[int, float]], until: int) -> float:
     """Mean validation reward over iterations 0..``until`` (the trapezoid area under the curve
     divided by ``until``): one number per run that uses every validation, not only the first

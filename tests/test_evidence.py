@@ -1,8 +1,8 @@
 """Paired-seed statistics: hand-computed cases."""
 import pytest
 
-from spotlight.evidence import (bootstrap_median, curve_area, first_crossing, paired_ratios,
-                                quantiles, value_at)
+from spotlight.evidence import (bootstrap_median, crossing, curve_area, first_crossing,
+                                paired_ratios, quantiles, value_at)
 
 CURVE = [(0, 0.1), (5, 0.3), (10, 0.5), (15, 0.4)]
 
@@ -12,6 +12,15 @@ def test_first_crossing_and_value_at():
     assert first_crossing(CURVE, 0.45) == 10
     assert first_crossing(CURVE, 0.9) is None
     assert value_at(CURVE, 10) == 0.5 and value_at(CURVE, 7) is None
+
+
+def test_crossing_interpolates_between_validations():
+    assert crossing(CURVE, 0.2) == pytest.approx(2.5)      # halfway from 0.1 at 0 to 0.3 at 5
+    assert crossing(CURVE, 0.45) == pytest.approx(8.75)    # 0.3 at 5 -> 0.5 at 10
+    assert crossing(CURVE, 0.1) == 0.0 and crossing(CURVE, 0.3) == pytest.approx(5.0)
+    assert crossing(CURVE, 0.9) is None
+    # The first crossing counts, not a later one after a dip.
+    assert crossing([(0, 0.1), (5, 0.5), (10, 0.2), (15, 0.6)], 0.4) == pytest.approx(3.75)
 
 
 def test_curve_area_is_the_mean_reward_over_the_budget():

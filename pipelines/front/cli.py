@@ -141,6 +141,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["target"] = args.target
     if args.seeds is not None:
         options["seeds"] = args.seeds
+    for name in ("iterations", "workers"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.resume:
+        if args.name != "convergence":
+            print("error: --resume applies to 'bench convergence' only", file=sys.stderr)
+            return 2
+        options["resume"] = True
     if args.trace is not None:
         options["trace"] = args.trace
     if args.rounds is not None:
@@ -252,9 +260,18 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="config YAML (default: the task's)")
     p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
     p.add_argument("--target", type=float, default=None,
-                   help="convergence: target validation reward (default: base + 0.05)")
+                   help="convergence: target validation reward (default: base + 0.02)")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
-                   help="convergence: run every mode under K run seeds; report medians")
+                   help="convergence: paired run seeds per mode (default 8); medians with "
+                        "90%% bootstrap intervals")
+    p.add_argument("--iterations", type=int, default=None, metavar="N",
+                   help="convergence, learning, overhead: iterations per run (fixed, whatever "
+                        "the machine's speed)")
+    p.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="convergence: harness runs at a time (default: 2, one core each)")
+    p.add_argument("--resume", action="store_true",
+                   help="convergence: continue a cut-off bench from the runs saved beside "
+                        "--json (PATH.parts/)")
     p.add_argument("--modes", default=None, metavar="M1,M2",
                    help="convergence: the modes to run, of vanilla,sync,spotlight,rlboost (default: "
                         "vanilla,sync,spotlight)")

@@ -15,6 +15,7 @@ fixed arm (``planner.enabled`` off): both otherwise depend on measured time.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,7 +64,9 @@ class HarnessRun:
 class Harness:
     """One run of ``mode`` from the cached base model, iteration by iteration."""
 
-    def __init__(self, config: RunConfig, mode: str) -> None:
+    def __init__(self, config: RunConfig, mode: str, base_val_reward: float | None = None) -> None:
+        """``base_val_reward``: the base model's validation reward when the caller measured it
+        already (it depends on neither the mode nor the run seed), saving one validation."""
         if mode not in HARNESS_MODES:
             raise ConfigError(f"harness mode {mode!r}: choose one of {', '.join(HARNESS_MODES)}")
         if config.planner.enabled or config.exploration.deadline:
@@ -78,7 +81,8 @@ class Harness:
         self.val_prompts = world_prompts(self.config, "val")
         self.monitor = RankFidelityMonitor(self.config.fidelity)
         self.stale: dict[int, list[tuple[list, list]]] = {}   # iteration -> per prompt
-        self.run = HarnessRun(mode, self.config.seed, self.validate(0))
+        base = self.validate(0) if base_val_reward is None else float(base_val_reward)
+        self.run = HarnessRun(mode, self.config.seed, base)
 
     def prompts(self, k: int) -> list[Prompt]:
         grpo = self.config.grpo
@@ -90,13 +94,16 @@ class Harness:
                                     self.val_prompts, version)
         return float(out["mean_reward"])
 
-    def run_iterations(self, iterations: int, validate_every: int | None = None) -> HarnessRun:
+    def run_iterations(self, iterations: int, validate_every: int | None = None,
+                       report: Callable[[HarnessIteration], None] | None = None) -> HarnessRun:
         """Iterations ``len(run.iterations)`` .. ``iterations - 1``; validation as the driver
-        schedules it (every ``validation.every`` and after the last)."""
+        schedules it (every ``validation.every`` and after the last); ``report`` sees each."""
         every = validate_every or self.config.validation.every
         for k in range(len(self.run.iterations), iterations):
             validate = (k + 1) % every == 0 or k + 1 == iterations
             self.run.iterations.append(self.iteration(k, k + 1 < iterations, validate))
+            if report is not None:
+                report(self.run.iterations[-1])
         return self.run
 
     def iteration(self, k: int, explore_next: bool, validate: bool) -> HarnessIteration:
@@ -141,11 +148,12 @@ class Harness:
         return select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt], group,
                             fresh)
 
-    def explore(self, iteration: int, version: int, candidates: int,
-                stage: str = "explore") -> list[tuple[list, list]]:
-        """Score ``candidates`` seeds per prompt of ``iteration`` with θ_version, in the
-        pipeline's requests (one per prompt and ``exploration.request_batch`` candidates)."""
-        prompts = self.prompts(iteration)
+    def explore(self, iteration: int, version: int, candidates: int, stage: str = "explore",
+                prompts: list[Prompt] | None = None) -> list[tuple[list, list]]:
+        """Score ``candidates`` seeds per prompt of ``iteration`` (or of its first ``prompts``)
+        with θ_version, in the pipeline's requests (one per prompt and
+        ``exploration.request_batch`` candidates)."""
+        prompts = prompts or self.prompts(iteration)
         per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
         for request in explore_requests(self.config, iteration, prompts, version, stage,
                                         candidates):
@@ -173,6 +181,23 @@ class Harness:
             ys.append(out["rewards"].tolist())
         tau = grouped_kendall_tau(xs, ys)
         return None if np.isnan(tau) else float(tau)
+
+    def staleness_taus(self, k: int, lags: list[int], prompts: int,
+                       candidates: int) -> dict[int, float | None]:
+        """How fast a ranking goes stale: Kendall τ between θ_k's scores of random candidates of
+        iteration k (the first ``prompts`` prompts) and θ_k-lag's scores of the same candidates,
+        per lag (None where k < lag or every ranking tied). The run keeps its checkpoints."""
+        chosen = self.prompts(k)[:prompts]
+        fresh = self.explore(k, k, candidates, "audit", chosen)
+        taus: dict[int, float | None] = {}
+        for lag in lags:
+            if lag > k:
+                taus[lag] = None
+                continue
+            stale = self.explore(k, k - lag, candidates, "audit", chosen)
+            tau = grouped_kendall_tau([r for _, r in stale], [r for _, r in fresh])
+            taus[lag] = None if np.isnan(tau) else float(tau)
+        return taus
 
     def close(self) -> None:
         tasks.forget_contexts()

@@ -1,0 +1,155 @@
+"""The figures of ``bench convergence`` from its saved jobs: paired ratios with bootstrap
+intervals, iterations, time and dollars to the target per mode and seed, the stale-ranking
+τ's, and the plot. Pure bookkeeping over :mod:`spotlight.evidence`; nothing here runs a model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.bench import machine
+from spotlight.config import RunConfig
+from spotlight.cost import load_prices, worker_class_prices
+from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_ratios, quantiles,
+                                value_at)
+
+SPOT_MODES = ("spotlight", "rlboost")   # modes that rent the spot workers
+
+
+def hourly_usd(config: RunConfig, mode: str) -> float:
+    """What the mode's cluster costs an hour: its gpu workers on demand, and the spot workers
+    where the mode uses them (vanilla and sync need none)."""
+    prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
+    spot = config.cluster.spot_workers if mode in SPOT_MODES else 0
+    return config.cluster.gpu_workers * prices["gpu"] + spot * prices["spot"]
+
+
+def _censored(value: float | None, budget: float) -> float:
+    """A run that never reached the target counts as reaching it right after the budget -- a
+    bound in its favour, flagged in ``unreached``."""
+    return budget if value is None else value
+
+
+def per_mode(jobs: dict[str, dict], modes: list[str], seeds: list[int], target: float,
+             iterations: int, every: int) -> dict:
+    """Per mode and seed: iterations to target, area under the curve, value at the budget."""
+    out: dict[str, dict] = {}
+    for mode in modes:
+        runs = [jobs[f"{mode}-seed{s}"] for s in seeds]
+        curves = [[tuple(p) for p in r["val_curve"]] for r in runs]
+        its = [crossing(c, target) for c in curves]
+        out[mode] = {
+            "iterations_to_target": its,
+            "unreached": sum(i is None for i in its),
+            "censored": [_censored(i, iterations + every) for i in its],
+            "auc": [curve_area(c, iterations) for c in curves],
+            "value_at_budget": [value_at(c, iterations) for c in curves],
+            "group_std": [float(np.mean([it["group_std"] for it in r["iterations"]]))
+                          for r in runs],
+            "audit_tau": [it["audit_tau"] for r in runs for it in r["iterations"]
+                          if it["audit_tau"] is not None],
+            "curves": curves,
+        }
+    return out
+
+
+def tau_figures(spot_jobs: list[dict]) -> dict:
+    """Kendall τ of stale against fresh rankings of random candidates: the audits of every
+    iteration, by how many versions stale (1, 2, 4: probes), and over the course of training."""
+    audits = [it["audit_tau"] for r in spot_jobs for it in r["iterations"]
+              if it["audit_tau"] is not None]
+    median, p10 = quantiles(audits, 0.5, 0.1)
+    by_lag: dict[str, list[float]] = {}
+    by_point: dict[str, list[float]] = {}
+    for r in spot_jobs:
+        for point, taus in r.get("lag_taus", {}).items():
+            for lag, tau in taus.items():
+                if tau is not None:
+                    by_lag.setdefault(lag, []).append(tau)
+                    if lag == "1":
+                        by_point.setdefault(point, []).append(tau)
+    over = {}
+    for it in sorted({it["iteration"] for r in spot_jobs for it in r["iterations"]}):
+        values = [x["audit_tau"] for r in spot_jobs for x in r["iterations"]
+                  if x["iteration"] == it and x["audit_tau"] is not None]
+        if values:
+            over[str(it)] = float(np.median(values))
+    return {"median": median, "p10": p10, "audits": len(audits),
+            "over": "random candidates re-scored with fresh weights (unbiased)",
+            "by_staleness": {lag: dict(zip(("median", "p10"), quantiles(v, 0.5, 0.1)),
+                                       probes=len(v)) for lag, v in sorted(by_lag.items())},
+            "by_iteration": over}
+
+
+def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
+              png: Path) -> dict:
+    """The contract keys over the seeds every mode has finished (and, once they ran, the
+    cluster's seconds per iteration); draws the PNG."""
+    from pipelines.bench.convergence import seconds_per_iteration
+    from pipelines.bench.convergence_plot import plot_convergence
+
+    modes, target, iterations = facts["modes"], facts["target"], facts["iterations"]
+    done = [s for s in seeds if all(f"{m}-seed{s}" in saved for m in modes)]
+    result = {"bench": "convergence", **facts, "seeds": len(done), "seed_list": done,
+              "machine": machine()}
+    if not done:
+        return result
+    figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"])
+    cluster = {m: saved.get(f"cluster-{m}-seed{seeds[0]}") for m in modes}
+    s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
+    times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
+    its = {m: figures[m]["censored"] for m in modes}
+
+    def ratio(a: str, b: str, of: dict) -> dict | None:
+        return bootstrap_median(paired_ratios(of[a], of[b])) if a in of and b in of else None
+
+    spot_jobs = [saved[f"spotlight-seed{s}"] for s in done] if "spotlight" in modes else []
+    result.update({
+        "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
+        "unreached": {m: figures[m]["unreached"] for m in modes},
+        "seconds_per_iteration": s_per_it,
+        "time_to_target_s": times,
+        "cost_to_target_usd": {m: [t / 3600.0 * hourly_usd(config, m) for t in ts]
+                               for m, ts in times.items()},
+        "speedup_vs_vanilla": ratio("vanilla", "spotlight", times),
+        "speedup_vs_sync": ratio("sync", "spotlight", times),
+        "iteration_speedup_vs_vanilla": ratio("vanilla", "spotlight", its),
+        "staleness_cost": ratio("spotlight", "sync", its),   # stale's iterations ÷ fresh's
+        "kendall_tau": tau_figures(spot_jobs),
+        "group_std_gain": group_std_gain(figures),
+        "auc": {m: bootstrap_median(figures[m]["auc"]) for m in modes},
+        "auc_gain_vs_vanilla": {m: bootstrap_median(np.subtract(figures[m]["auc"],
+                                                                figures["vanilla"]["auc"]))
+                                for m in modes if m != "vanilla" and "vanilla" in modes},
+        "value_at_budget": {m: figures[m]["value_at_budget"] for m in modes},
+        "val_curves": {m: figures[m]["curves"] for m in modes},
+        "cluster_check": cluster_check(cluster, saved, seeds[0], target, s_per_it),
+    })
+    plot_convergence(result, png)
+    return result
+
+
+def group_std_gain(figures: dict) -> dict:
+    """Each mode's mean within-group reward std over vanilla's: how much spread selection buys."""
+    vanilla = float(np.mean(figures["vanilla"]["group_std"])) if "vanilla" in figures else 0.0
+    return {m: float(np.mean(f["group_std"])) / vanilla if vanilla > 0 else None
+            for m, f in figures.items()}
+
+
+def cluster_check(cluster: dict[str, dict | None], saved: dict[str, dict], seed: int,
+                  target: float, s_per_it: dict[str, float]) -> dict:
+    """The first seed's cluster runs against the harness: the same validation curve (bit for
+    bit), and the wall time to target against iterations to target x seconds per iteration."""
+    out = {}
+    for mode, run in cluster.items():
+        if run is None:
+            continue
+        harness = [tuple(p) for p in saved[f"{mode}-seed{seed}"]["val_curve"]]
+        measured = [tuple(p) for p in run["val_curve"]]
+        its = crossing(harness, target)
+        estimate = its * s_per_it[mode] if its is not None else None
+        wall = run["time_to_target_s"]
+        out[mode] = {"seed": seed, "curve_matches_harness": measured == harness[:len(measured)],
+                     "wall_to_target_s": wall, "estimate_s": estimate,
+                     "relative_error": (estimate - wall) / wall if wall and estimate else None}
+    return out

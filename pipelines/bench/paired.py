@@ -1,0 +1,137 @@
+"""Paired-seed harness runs for ``bench convergence``: every (mode, seed) one job, run in parallel
+processes (one torch thread each, like a worker) and saved as it finishes, so a bench cut off
+part-way continues with ``--resume`` from the jobs it has.
+
+A job is one :class:`~pipelines.run.harness.Harness` run: a fixed number of iterations from the
+cached base model, validated every ``every`` iterations on the fixed validation set. Its numbers
+are the cluster's (the harness computes them bit for bit), so what differs between modes here is
+only what they learn per iteration; time per iteration is measured on the cluster separately.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from spotlight.config import RunConfig, config_hash
+
+
+@dataclass(frozen=True)
+class PairedPlan:
+    """What every job runs: the config (seed set per job), the iteration budget, the validation
+    cadence, and where the stale-ranking probes go (spotlight jobs only)."""
+
+    config: RunConfig
+    iterations: int
+    every: int
+    base_val_reward: float
+    lag_points: tuple[int, ...] = ()     # iterations at which τ against 1, 2, 4 versions is probed
+    lags: tuple[int, ...] = (1, 2, 4)
+    lag_prompts: int = 4
+    lag_candidates: int = 16
+
+    def fingerprint(self) -> str:
+        """Jobs saved under another plan are not this bench's: resume refuses to mix them."""
+        return config_hash(self.config.with_values({"seed": 0}).to_dict(), self.iterations,
+                           self.every, self.base_val_reward, list(self.lag_points),
+                           list(self.lags), self.lag_prompts, self.lag_candidates)
+
+
+@dataclass(frozen=True)
+class Job:
+    mode: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}-seed{self.seed}"
+
+
+def run_job(plan: PairedPlan, job: Job) -> dict:
+    """One harness run (in a worker process): its validation curve, per-iteration rewards,
+    group std, seed sources and audit τ, and for spotlight the τ-against-staleness probes."""
+    from pipelines.run.harness import Harness
+
+    started = time.perf_counter()
+    config = plan.config.with_values({"seed": job.seed})
+    harness = Harness(config, job.mode, base_val_reward=plan.base_val_reward)
+
+    def report(it) -> None:
+        if it.val_reward is not None:
+            print(f"{job.mode:9s} seed {job.seed} iter {it.iteration:3d} val={it.val_reward:.3f} "
+                  f"group_std={it.group_std:.3f}", flush=True)
+
+    try:
+        harness.run_iterations(plan.iterations, plan.every, report)
+        run = harness.run
+        lag_taus = {}
+        if job.mode == "spotlight":
+            lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
+                            k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
+                        for k in plan.lag_points if k <= plan.iterations}
+    finally:
+        harness.close()
+    return {"mode": job.mode, "seed": job.seed, "base_val_reward": run.base_val_reward,
+            "val_curve": run.val_curve(), "iterations": [asdict(it) for it in run.iterations],
+            "lag_taus": lag_taus, "wall_s": time.perf_counter() - started}
+
+
+@dataclass
+class PairedStore:
+    """The jobs' results as JSON files in one folder, written atomically (a cut-off write
+    leaves no half file), each stamped with the plan's fingerprint."""
+
+    folder: Path
+    fingerprint: str
+    loaded: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, folder: Path, plan: PairedPlan, resume: bool) -> "PairedStore":
+        folder.mkdir(parents=True, exist_ok=True)
+        store = cls(folder, plan.fingerprint())
+        saved = sorted(folder.glob("*.json"))
+        if saved and not resume:
+            raise ValueError(f"{folder} holds {len(saved)} results of an earlier bench: pass "
+                             "--resume to continue it, or move the folder away to start over")
+        for path in saved:
+            data = json.loads(path.read_text())
+            if data.get("fingerprint") != store.fingerprint:
+                raise ValueError(f"{path} was measured with other settings (config, iterations "
+                                 "or validation) than this bench's: resume with the same "
+                                 "command, or move the folder away to start over")
+            store.loaded[path.stem] = data["result"]
+        return store
+
+    def save(self, name: str, result: dict) -> None:
+        path = self.folder / f"{name}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "result": result},
+                                  default=float))
+        os.replace(tmp, path)
+        self.loaded[name] = result
+
+
+def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int,
+             on_done: Callable[[], None] = lambda: None) -> None:
+    """Runs the jobs ``store`` lacks, ``workers`` at a time, in order (seed by seed, so a cut
+    comes with whole comparisons); saves each as it finishes and calls ``on_done``."""
+    todo = [job for job in jobs if job.name not in store.loaded]
+    if not todo:
+        return
+    context = multiprocessing.get_context("spawn")   # no forked torch or thread state
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
+        pending = {pool.submit(run_job, plan, job): job for job in todo}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                job = pending.pop(future)
+                result = future.result()
+                store.save(job.name, result)
+                print(f"{job.name} done in {result['wall_s']:.0f} s "
+                      f"({len(store.loaded)}/{len(jobs)} jobs)", flush=True)
+                on_done()
