@@ -52,37 +52,46 @@ def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
-def test_bench_convergence_quick_runs_the_asked_modes_and_writes_contract_keys(tiny_yaml,
-                                                                                tmp_path, capsys):
-    """Two modes on the embedded cluster (2 iterations each, ``--modes``, ``--set``): the
-    contract keys, per-mode curves, the plot, and τ measured where stale exploration met a
-    rollout. (All three modes together are the default; sync is left out for time.)"""
+def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path, capfd):
+    """Two modes, paired seeds in the harness (2 iterations each) and the first seed's cluster
+    check: the contract keys, the plot, the cluster computing the harness's curve; a second
+    call without --resume refuses to overwrite, with --resume it adds a seed and reruns
+    nothing it had."""
     out_json = tmp_path / "conv.json"
-    assert main(["bench", "convergence", "--quick", "--config", str(tiny_yaml),
-                 "--target", "2.0", "--modes", "vanilla,spotlight", "--set", "grpo.lr=0.0001",
-                 "--json", str(out_json)]) == 0
+    args = ["bench", "convergence", "--quick", "--config", str(tiny_yaml), "--target", "2.0",
+            "--modes", "vanilla,spotlight", "--set", "grpo.lr=0.0001", "--json", str(out_json)]
+    assert main(args + ["--seeds", "1"]) == 0
+    first = json.loads(out_json.read_text())
+    parts = Path(first["parts"])
+    saved = {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")}
+    assert set(saved) == {"vanilla-seed0.json", "spotlight-seed0.json",
+                          "cluster-vanilla-seed0.json", "cluster-spotlight-seed0.json"}
+    capfd.readouterr()
+    assert main(args + ["--seeds", "2"]) == 2   # without --resume: refuses, keeps what it has
+    assert "--resume" in capfd.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")} == saved
+    assert main(args + ["--seeds", "2", "--resume"]) == 0
     result = json.loads(out_json.read_text())
-    for key in ("target_val_reward", "time_to_target_s", "iterations_to_target",
-                "speedup_vs_vanilla", "speedup_vs_sync", "kendall_tau", "group_reward_std",
-                "budget_overrun_fraction", "val_curves"):
-        assert key in result, key
+    assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")
+            if p.name in saved} == saved   # seed 0 not rerun
+    assert result["seeds"] == 2 and result["seed_list"] == [0, 1]
     modes = ("vanilla", "spotlight")
-    assert result["modes"] == list(modes)
-    assert set(result["val_curves"]) == set(modes) == set(result["group_reward_std"])
-    assert result["target_val_reward"] == 2.0   # unreachable: nobody gets there, no speedup
-    assert all(result["time_to_target_s"][m] is None for m in modes)
-    assert result["speedup_vs_vanilla"] is None and result["speedup_vs_sync"] is None
-    for mode in modes:   # base validation, then one per iteration (validation.every: 1)
-        assert [p["iteration"] for p in result["val_curves"][mode]] == [0, 1, 2]
-    assert result["kendall_tau"]["iterations"] <= 1   # only iteration 1 had stale candidates
+    assert result["modes"] == list(modes) and result["target"] == 2.0
+    for key in ("speedup_vs_vanilla", "iteration_speedup_vs_vanilla"):
+        assert set(result[key]) == {"median", "ci90", "per_seed"}, key
+    assert result["speedup_vs_sync"] is None and result["staleness_cost"] is None   # no sync
+    for mode in modes:   # unreachable target: nobody gets there, each counted at the budget
+        assert result["iterations_to_target"][mode] == [None, None]
+        assert result["unreached"][mode] == 2
+        assert len(result["cost_to_target_usd"][mode]) == 2
+        assert [[i for i, _ in c] for c in result["val_curves"][mode]] == [[0, 1, 2]] * 2
+        assert result["cluster_check"][mode]["curve_matches_harness"] is True
+        assert result["seconds_per_iteration"][mode] > 0
+    assert result["iteration_speedup_vs_vanilla"]["per_seed"] == [1.0, 1.0]
+    assert result["kendall_tau"]["audits"] <= 2   # iteration 1 of each seed had stale candidates
     assert (tmp_path / "conv.png").stat().st_size > 0
-    out = capsys.readouterr().out
-    assert "spotlight seed 0 iter   1" in out and "vanilla   seed 0 iter   0" in out
-    assert result["seeds"] == 1 and [s["seed"] for s in result["per_seed"]] == [0]
-    assert result["base_val_reward"] == result["val_curves"]["vanilla"][0]["val_reward"]
     assert result["overrides"] == {"grpo.lr": 1e-4}
-    manifest = json.loads((Path(result["runs"]) / "vanilla-seed0" / "manifest.json").read_text())
-    assert manifest["run"]["config"]["grpo"]["lr"] == 1e-4
+    assert "spotlight seed 1 iter   1" in capfd.readouterr().out
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):

@@ -1,0 +1,117 @@
+"""bench convergence's bookkeeping on hand-made jobs: figures computed by hand, the saved-job
+store that makes it resumable, and how long the cluster check runs. No model runs here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.bench.convergence import cluster_iterations, seconds_per_iteration
+from pipelines.bench.convergence_report import hourly_usd, summarize
+from pipelines.bench.paired import PairedPlan, PairedStore
+from spotlight.config import load_config, shipped_config
+
+CONFIG = load_config(shipped_config("digits.yaml"))
+TARGET = 0.30
+
+
+def job(curve, group_std=0.2, audits=(), lag_taus=None):
+    its = [{"iteration": k, "group_std": group_std,
+            "audit_tau": audits[k] if k < len(audits) else None} for k in range(10)]
+    return {"val_curve": curve, "iterations": its, "lag_taus": lag_taus or {}}
+
+
+def cluster(seconds):
+    # Iteration 0 (warm-up) and the validating iterations are left out of the median.
+    return {"iteration_s": [99.0, seconds, seconds, 50.0], "validated": [False, False, False, True],
+            "val_curve": [], "time_to_target_s": None}
+
+
+def saved_jobs():
+    return {
+        # seed 0: vanilla reaches 0.30 at 10, sync at 4, spotlight at 5 (interpolated).
+        "vanilla-seed0": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.2),
+        "sync-seed0": job([[0, 0.2], [5, 0.325], [10, 0.35]], group_std=0.3),
+        "spotlight-seed0": job([[0, 0.2], [5, 0.3], [10, 0.35]], group_std=0.25,
+                               audits=[None, 0.8, 0.6],
+                               lag_taus={"10": {"1": 0.9, "2": 0.7, "4": None}}),
+        # seed 1: vanilla never (counted at budget + every = 15), sync 5, spotlight 10.
+        "vanilla-seed1": job([[0, 0.2], [5, 0.22], [10, 0.24]], group_std=0.2),
+        "sync-seed1": job([[0, 0.2], [5, 0.3], [10, 0.3]], group_std=0.3),
+        "spotlight-seed1": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.25,
+                               audits=[None, 1.0]),
+        "cluster-vanilla-seed0": cluster(10.0),
+        "cluster-sync-seed0": cluster(20.0),
+        "cluster-spotlight-seed0": cluster(11.0),
+    }
+
+
+FACTS = {"modes": ["vanilla", "sync", "spotlight"], "target": TARGET, "iterations": 10,
+         "validation_every": 5, "task": "ocr"}
+
+
+def test_summary_figures_by_hand(tmp_path):
+    result = summarize(saved_jobs(), FACTS, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["seeds"] == 2
+    its = result["iterations_to_target"]
+    assert its["vanilla"] == [10.0, None] and its["spotlight"] == [5.0, 10.0]
+    assert its["sync"] == pytest.approx([4.0, 5.0])
+    assert result["unreached"]["vanilla"] == 1
+    assert result["seconds_per_iteration"] == {"vanilla": 10.0, "sync": 20.0, "spotlight": 11.0}
+    assert result["time_to_target_s"]["vanilla"] == [100.0, 150.0]
+    assert result["time_to_target_s"]["spotlight"] == [55.0, 110.0]
+    assert result["speedup_vs_vanilla"]["per_seed"] == pytest.approx([100 / 55, 150 / 110])
+    assert result["speedup_vs_sync"]["per_seed"] == pytest.approx([80 / 55, 100 / 110])
+    assert result["staleness_cost"]["per_seed"] == pytest.approx([5 / 4, 10 / 5])
+    assert result["iteration_speedup_vs_vanilla"]["per_seed"] == pytest.approx([2.0, 1.5])
+    lo, hi = result["speedup_vs_vanilla"]["ci90"]
+    assert min(100 / 55, 150 / 110) <= lo <= hi <= max(100 / 55, 150 / 110)
+    assert result["group_std_gain"] == pytest.approx({"vanilla": 1.0, "sync": 1.5,
+                                                      "spotlight": 1.25})
+    tau = result["kendall_tau"]
+    assert tau["audits"] == 3 and tau["median"] == pytest.approx(0.8)
+    assert tau["by_staleness"]["1"]["median"] == 0.9 and tau["by_staleness"]["2"]["probes"] == 1
+    assert "4" not in tau["by_staleness"]          # θ_10-4 was not probed (None)
+    # Dollars: hours x the cluster's hourly price; vanilla rents no spot worker.
+    gpu_only, with_spot = hourly_usd(CONFIG, "vanilla"), hourly_usd(CONFIG, "spotlight")
+    assert with_spot > gpu_only > 0
+    assert result["cost_to_target_usd"]["vanilla"][0] == pytest.approx(100 / 3600 * gpu_only)
+    assert result["cost_to_target_usd"]["spotlight"][0] == pytest.approx(55 / 3600 * with_spot)
+    # Area under the curve: seed 0's vanilla (0.2, 0.25, 0.3 at 0, 5, 10) -> mean 0.25.
+    assert result["auc"]["vanilla"]["per_seed"][0] == pytest.approx(0.25)
+    assert result["value_at_budget"]["sync"] == [0.35, 0.3]
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_summary_waits_for_whole_seeds(tmp_path):
+    jobs = {k: v for k, v in saved_jobs().items() if k != "sync-seed1"}
+    result = summarize(jobs, FACTS, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["seeds"] == 1 and result["seed_list"] == [0]
+    assert summarize({}, FACTS, [0, 1], CONFIG, tmp_path / "c.png")["seeds"] == 0
+
+
+def test_the_job_store_resumes_only_its_own_bench(tmp_path):
+    plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.2)
+    store = PairedStore.open(tmp_path, plan, resume=False)
+    store.save("vanilla-seed0", {"x": 1})
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(ValueError, match="--resume"):
+        PairedStore.open(tmp_path, plan, resume=False)
+    assert PairedStore.open(tmp_path, plan, resume=True).loaded == {"vanilla-seed0": {"x": 1}}
+    other = PairedPlan(CONFIG.with_values({"grpo.lr": 1e-3}), 10, 5, 0.2)
+    with pytest.raises(ValueError, match="other settings"):
+        PairedStore.open(tmp_path, other, resume=True)
+    # The run seed is per job, not part of the plan.
+    assert PairedPlan(CONFIG.with_values({"seed": 5}), 10, 5, 0.2).fingerprint() == \
+        plan.fingerprint()
+    assert json.loads((tmp_path / "vanilla-seed0.json").read_text())["result"] == {"x": 1}
+
+
+def test_cluster_check_length_and_seconds_per_iteration():
+    assert cluster_iterations(7.5, 5, 20) == 10     # to the validation at or after 7.5
+    assert cluster_iterations(10.0, 5, 20) == 10
+    assert cluster_iterations(1.0, 5, 20) == 5
+    assert cluster_iterations(None, 5, 20) == 7     # never reached: long enough to time
+    assert cluster_iterations(None, 5, 4) == 4      # never past the budget
+    assert seconds_per_iteration(cluster(12.0)) == 12.0
+    assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
