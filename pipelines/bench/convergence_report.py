@@ -12,6 +12,8 @@ from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_ratios, quantiles,
                                 value_at)
+from spotlight.models.prompts import world_prompts
+from spotlight.rewards.geneval import strict_scores
 
 SPOT_MODES = ("spotlight", "rlboost")   # modes that rent the spot workers
 
@@ -125,8 +127,27 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "val_curves": {m: figures[m]["curves"] for m in modes},
         "cluster_check": cluster_check(cluster, saved, seeds[0], target, s_per_it),
     })
+    if config.world.task == "geneval":   # GenEval's pass/fail verdict per tag, at the budget
+        result["strict_at_budget"] = strict_at_budget(saved, modes, done, config)
     plot_convergence(result, png)
     return result
+
+
+def strict_at_budget(saved: dict[str, dict], modes: list[str], seeds: list[int],
+                     config: RunConfig) -> dict:
+    """Per mode: GenEval's strict score (every clause right) overall and per tag after the last
+    iteration, median over seeds, beside the partial-credit mean."""
+    prompts = world_prompts(config, "val")[:config.validation.max_prompts]
+    out = {}
+    for mode in modes:
+        scores = [strict_scores(saved[f"{mode}-seed{s}"]["final_val_rewards"], prompts)
+                  for s in seeds]
+        tags = sorted(scores[0]["strict_by_tag"])
+        out[mode] = {"strict": float(np.median([x["strict"] for x in scores])),
+                     "strict_by_tag": {t: float(np.median([x["strict_by_tag"][t]
+                                                           for x in scores])) for t in tags},
+                     "partial_mean": float(np.median([x["partial_mean"] for x in scores]))}
+    return out
 
 
 def group_std_gain(figures: dict) -> dict:

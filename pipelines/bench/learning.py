@@ -11,6 +11,7 @@ import time
 from pipelines.bench import machine, register_bench
 from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config, shipped_config
+from spotlight.rewards.geneval import strict_scores
 
 TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
@@ -62,5 +63,7 @@ def bench_learning(task: str = "ocr", quick: bool = False, config: str | None = 
         "zero_std_group_fraction": sum(s.zero_std_groups for s in its) / groups,
         "group_reward_std_mean": sum(s.group_reward_std for s in its) / max(len(its), 1),
         "train_reward_curve": [s.reward_mean for s in its],
+        **(strict_scores(run.last_validation.rewards, run.last_validation.prompts)
+           if cfg.world.task == "geneval" else {}),
         "machine": machine(),
     }

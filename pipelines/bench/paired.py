@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from spotlight.config import RunConfig, config_hash
 
 
@@ -78,7 +80,8 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
         harness.close()
     return {"mode": job.mode, "seed": job.seed, "base_val_reward": run.base_val_reward,
             "val_curve": run.val_curve(), "iterations": [asdict(it) for it in run.iterations],
-            "lag_taus": lag_taus, "wall_s": time.perf_counter() - started}
+            "lag_taus": lag_taus, "final_val_rewards": np.asarray(harness.last_val_rewards).tolist(),
+            "wall_s": time.perf_counter() - started}
 
 
 @dataclass

@@ -81,6 +81,7 @@ class Harness:
         self.val_prompts = world_prompts(self.config, "val")
         self.monitor = RankFidelityMonitor(self.config.fidelity)
         self.stale: dict[int, list[tuple[list, list]]] = {}   # iteration -> per prompt
+        self.last_val_rewards: np.ndarray | None = None
         base = self.validate(0) if base_val_reward is None else float(base_val_reward)
         self.run = HarnessRun(mode, self.config.seed, base)
 
@@ -92,6 +93,7 @@ class Harness:
     def validate(self, version: int) -> float:
         out = tasks.validation_task(self.config, self.store, max(version - 1, 0),
                                     self.val_prompts, version)
+        self.last_val_rewards = out["rewards"]   # per validation prompt and seed
         return float(out["mean_reward"])
 
     def run_iterations(self, iterations: int, validate_every: int | None = None,

@@ -59,6 +59,24 @@ def geneval_score(detections: list[Detection], prompt: Prompt,
     return sum(terms) / len(terms)
 
 
+def strict_scores(rewards, prompts: list[Prompt]) -> dict:
+    """GenEval's own verdict beside the partial credit: an image passes only when every term of
+    every clause is right (reward 1). ``rewards`` has one row per prompt (its validation seeds);
+    returns the pass rate overall and per prompt tag (single object, two objects, counting,
+    colours, position, colour attribution), and the partial-credit mean."""
+    rows = [list(map(float, row)) for row in rewards]
+    if len(rows) != len(prompts):
+        raise ValueError(f"strict_scores: {len(rows)} rows of rewards for {len(prompts)} prompts")
+    by_tag: dict[str, list[float]] = {}
+    for row, prompt in zip(rows, prompts):
+        by_tag.setdefault(prompt.tag or "untagged", []).extend(
+            1.0 if r >= 1.0 - 1e-9 else 0.0 for r in row)
+    passed = [x for xs in by_tag.values() for x in xs]
+    return {"strict": sum(passed) / len(passed),
+            "strict_by_tag": {tag: sum(xs) / len(xs) for tag, xs in sorted(by_tag.items())},
+            "partial_mean": sum(map(sum, rows)) / sum(map(len, rows))}
+
+
 @register_reward("geneval")
 class GenevalReward(DetectionReward):
     """Scores each canvas's detections with ``geneval_score`` against its prompt's clauses."""

@@ -83,6 +83,22 @@ def test_summary_figures_by_hand(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 0
 
 
+def test_geneval_reports_the_strict_score_per_tag(tmp_path):
+    config = load_config(shipped_config("digits-geneval.yaml"))
+    jobs = saved_jobs()
+    prompts = config.validation.max_prompts   # 64 validation prompts x 4 seeds
+    for seed in (0, 1):
+        jobs[f"vanilla-seed{seed}"]["final_val_rewards"] = [[0.5] * 4] * prompts
+        jobs[f"sync-seed{seed}"]["final_val_rewards"] = [[1.0, 1.0, 0.5, 0.5]] * prompts
+        jobs[f"spotlight-seed{seed}"]["final_val_rewards"] = [[1.0] * 4] * prompts
+    strict = summarize(jobs, FACTS, [0, 1], config, tmp_path / "c.png")["strict_at_budget"]
+    assert {m: s["strict"] for m, s in strict.items()} == {"vanilla": 0.0, "sync": 0.5,
+                                                           "spotlight": 1.0}
+    assert set(strict["sync"]["strict_by_tag"]) >= {"counting", "color_attr"}
+    assert set(strict["sync"]["strict_by_tag"].values()) == {0.5}
+    assert strict["vanilla"]["partial_mean"] == 0.5
+
+
 def test_summary_waits_for_whole_seeds(tmp_path):
     jobs = {k: v for k, v in saved_jobs().items() if k != "sync-seed1"}
     result = summarize(jobs, FACTS, [0, 1], CONFIG, tmp_path / "c.png")

@@ -2,6 +2,7 @@
 does. That it computes the cluster's numbers bit for bit is test_digits_pin's."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipelines.run.harness import Harness
@@ -35,3 +36,26 @@ def test_each_mode_takes_its_seeds_where_the_cluster_does(tiny_run_config, mode,
     assert run.iterations[1].audit_tau is None
     if mode != "spotlight":
         assert all(it.audit_tau is None for it in run.iterations)
+
+
+def test_staleness_probe_ranks_the_same_candidates_with_older_weights(tiny_run_config,
+                                                                     monkeypatch):
+    """τ per lag compares θ_k's scores of iteration k's candidates with θ_k-lag's. The tiny
+    model scores every candidate 0 (all tied), so the scores here are made up per version:
+    θ_2 and θ_1 rank alike, θ_0 in reverse."""
+    harness = Harness(tiny_run_config, "vanilla")
+    calls = []
+
+    def explore(iteration, version, candidates, stage, prompts):
+        calls.append((iteration, version, candidates, stage, len(prompts)))
+        order = np.arange(candidates, dtype=float)
+        scores = -order if version == 0 else order
+        return [(list(range(candidates)), list(scores)) for _ in prompts]
+
+    monkeypatch.setattr(harness, "explore", explore)
+    try:
+        taus = harness.staleness_taus(2, [1, 2, 4], prompts=2, candidates=8)
+    finally:
+        harness.close()
+    assert taus == {1: 1.0, 2: -1.0, 4: None}    # θ_-2 does not exist
+    assert calls == [(2, 2, 8, "audit", 2), (2, 1, 8, "audit", 2), (2, 0, 8, "audit", 2)]

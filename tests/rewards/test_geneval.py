@@ -8,7 +8,7 @@ from spotlight.config import RewardConfig
 from spotlight.models.prompts import ObjectClause, Prompt
 from spotlight.models.world import render_geneval
 from spotlight.rewards import Detection, build_reward, detect, geneval_score
-from spotlight.rewards.geneval import clause_terms, relation_holds
+from spotlight.rewards.geneval import clause_terms, relation_holds, strict_scores
 from spotlight.rewards.recognizer import Recognizer
 
 TWO_RED_3S = Prompt("two red 3s", "geneval", tag="counting",
@@ -101,3 +101,16 @@ def test_detector_finds_coloured_objects(recognizer: Recognizer) -> None:
         found = detect(render_geneval(prompt, 20, 32, rng), recognizer)
         hits += sorted((d.label, d.color) for d in found) == [(4, "red"), (7, "blue")]
     assert hits >= 9
+
+
+def test_strict_scores_pass_an_image_only_when_every_term_is_right():
+    counting = Prompt("two red 3s", "geneval", tag="counting")
+    position = Prompt("a 3 left of a 5", "geneval", tag="position")
+    rewards = [[1.0, 0.5, 1.0, 0.0],      # counting: 2 of 4 pass
+               [0.75, 0.75, 1.0, 1.0]]    # position: 2 of 4 pass (0.75 is partial credit)
+    scores = strict_scores(rewards, [counting, position])
+    assert scores["strict_by_tag"] == {"counting": 0.5, "position": 0.5}
+    assert scores["strict"] == 0.5
+    assert scores["partial_mean"] == pytest.approx((2.5 + 3.5) / 8)
+    with pytest.raises(ValueError, match="2 rows of rewards for 1 prompts"):
+        strict_scores(rewards, [counting])
