@@ -32,10 +32,11 @@ import torch
 
 from pipelines.bench import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
-from pipelines.bench.paired import Job, PairedPlan, PairedStore, run_jobs
+from pipelines.bench.paired import Job, PairedPlan, PairedStore, planned_ratio, run_jobs
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.evidence import crossing
+from spotlight.exploration.planner import exploration_window_s
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
@@ -87,13 +88,36 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None,
                 reached = last.iteration + 1
                 break
         results, curve = session.results, session.val_curve()
+        records = session.task_records()
     t0 = results[0].start
     return {"val_curve": [[c["iteration"], c["val_reward"]] for c in curve],
             "iteration_s": [r.wall_s for r in results],
             "validated": [r.val_reward is not None for r in results],
             "iterations_to_target": reached,
             "time_to_target_s": (results[reached - 1].end - t0) if reached else None,
-            "wall_s": results[-1].end - t0}
+            "wall_s": results[-1].end - t0,
+            "time_model": measured_time_model(records, cfg.exploration.window)}
+
+
+def measured_time_model(records: list[dict], window: str) -> list[float] | None:
+    """What a planner in the harness plans with, as this run measured it: the median
+    exploration window (rollout start to training end, or training alone) and the spot
+    workers' seconds per candidate and denoising step; None without exploration."""
+    by_iteration: dict[int, dict[str, list[dict]]] = {}
+    for r in records:
+        by_iteration.setdefault(r["iteration"], {}).setdefault(r["stage"], []).append(r)
+    windows = []
+    for stages in by_iteration.values():
+        rollout = stages.get("rollout") and min(stages["rollout"], key=lambda r: r["start"])
+        train = stages.get("train") and stages["train"][0]
+        seconds = exploration_window_s(rollout or None, train or None, window)
+        if seconds is not None:
+            windows.append(seconds)
+    explored = [r for r in records if r["stage"] == "explore" and r.get("samples")]
+    work = sum(r["samples"] * r["steps"] for r in explored)
+    if not windows or not work:
+        return None
+    return [float(np.median(windows)), sum(r["end"] - r["start"] for r in explored) / work]
 
 
 def seconds_per_iteration(cluster_run: dict) -> float:
@@ -135,9 +159,13 @@ def _check_options(task: str, config: str | None, seeds: int, modes: tuple[str, 
         raise ValueError(f"--task {task!r} is not known; choose one of {sorted(TASK_CONFIGS)}")
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be at least 1 (paired run seeds per mode)")
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in MODES and planned_ratio(m) is None]
     if unknown or len(set(modes)) != len(modes):
-        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)}")
+        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)}, "
+                         "planned or planned-xR (the planner with R times the spot capacity)")
+    if any(planned_ratio(m) for m in modes) and "spotlight" not in modes:
+        raise ValueError(f"--modes {','.join(modes)}: planned modes plan on the time the "
+                         "spotlight mode's cluster run measures; add spotlight")
     if iterations is not None and iterations < 1:
         raise ValueError(f"--iterations {iterations} must be at least 1")
 
@@ -185,11 +213,16 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     # The checked seeds first, then their cluster runs (on an otherwise idle machine: they
     # measure time), then the other seeds: a bench cut off early has its time figures.
     checked, workers = seed_list[:cluster_seeds], workers or min(2, os.cpu_count() or 1)
-    run_jobs(plan, [Job(m, s) for s in checked for m in modes], store, workers, on_done=report)
+    timed = [m for m in modes if planned_ratio(m) is None]
+    run_jobs(plan, [Job(m, s) for s in checked for m in timed], store, workers, on_done=report)
     for seed in checked:
-        for mode in modes:
+        for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):
                 report()
-    run_jobs(plan, [Job(m, s) for s in seed_list for m in modes], store, workers,
-             on_done=report)
+    model = (store.loaded.get(f"cluster-spotlight-seed{seed_list[0]}") or {}).get("time_model")
+    if model is None and len(timed) < len(modes):
+        raise RuntimeError("the spotlight cluster run measured no exploration, so the planned "
+                           "modes have no time to plan with")
+    run_jobs(plan, [Job(m, s, None if m in timed else tuple(model))
+                    for s in seed_list for m in modes], store, workers, on_done=report)
     return report()

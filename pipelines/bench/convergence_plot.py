@@ -20,13 +20,31 @@ def curve_band(curves: list[list[tuple[int, float]]]) -> tuple[list, list, list,
     return common, list(mid), list(lo), list(hi)
 
 
+def plot_planner_choices(ax, choices: dict[str, list[list[int]]]) -> None:
+    """The planner's N (candidates, solid) and M (replay steps, dashed) per iteration explored,
+    first seed, per planned mode."""
+    twin = ax.twinx()
+    for i, (mode, rows) in enumerate(choices.items()):
+        its = [r[0] for r in rows]
+        ax.step(its, [r[1] for r in rows], where="mid", color=f"C{i + 3}", label=f"{mode}: N")
+        twin.step(its, [r[2] for r in rows], where="mid", color=f"C{i + 3}", ls="--", alpha=0.6)
+    ax.set(xlabel="iteration explored", ylabel="N candidates per prompt (solid)",
+           title="the planner's choices (first seed)")
+    twin.set_ylabel("M replay steps (dashed)")
+    ax.legend(fontsize=8)
+
+
 def plot_convergence(result: dict, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    choices = {m: c for m, c in result.get("planner_choices", {}).items() if c}
+    fig, axes = plt.subplots(1, 3 if choices else 2, figsize=(17 if choices else 12, 4.2))
+    left, right = axes[0], axes[1]
+    if choices:
+        plot_planner_choices(axes[2], choices)
     for i, (mode, curves) in enumerate(result["val_curves"].items()):
         xs, mid, lo, hi = curve_band(curves)
         left.plot(xs, mid, marker="o", ms=3, color=f"C{i}", label=f"{mode} (median)")

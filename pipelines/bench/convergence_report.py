@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.bench import machine
+from pipelines.bench.paired import planned_ratio
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_ratios, quantiles,
@@ -20,9 +21,10 @@ SPOT_MODES = ("spotlight", "rlboost")   # modes that rent the spot workers
 
 def hourly_usd(config: RunConfig, mode: str) -> float:
     """What the mode's cluster costs an hour: its gpu workers on demand, and the spot workers
-    where the mode uses them (vanilla and sync need none)."""
+    where the mode uses them (vanilla and sync need none; planned-xR rents R times as many)."""
     prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
-    spot = config.cluster.spot_workers if mode in SPOT_MODES else 0
+    ratio = planned_ratio(mode) or (1 if mode in SPOT_MODES else 0)
+    spot = config.cluster.spot_workers * ratio
     return config.cluster.gpu_workers * prices["gpu"] + spot * prices["spot"]
 
 
@@ -97,8 +99,12 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     if not done:
         return result
     figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"])
-    cluster = {m: saved.get(f"cluster-{m}-seed{seeds[0]}") for m in modes}
+    cluster = {m: saved.get(f"cluster-{m}-seed{seeds[0]}") for m in modes
+               if not planned_ratio(m)}
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
+    for mode in modes:   # a plan fits the window: the gpu workers' time is stale exploration's
+        if planned_ratio(mode) and "spotlight" in s_per_it:
+            s_per_it[mode] = s_per_it["spotlight"]
     times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
 
@@ -125,6 +131,10 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
                                 for m in modes if m != "vanilla" and "vanilla" in modes},
         "value_at_budget": {m: figures[m]["value_at_budget"] for m in modes},
         "val_curves": {m: figures[m]["curves"] for m in modes},
+        "planner_choices": {m: [[it["iteration"] + 1, *it["plan"]]
+                                for it in saved[f"{m}-seed{done[0]}"]["iterations"]
+                                if it.get("plan")]
+                            for m in modes if planned_ratio(m)},
         "cluster_check": cluster_check(cluster, saved, seeds[0], target, s_per_it),
     })
     if config.world.task == "geneval":   # GenEval's pass/fail verdict per tag, at the budget

@@ -44,10 +44,21 @@ class PairedPlan:
                            list(self.lags), self.lag_prompts, self.lag_candidates)
 
 
+def planned_ratio(mode: str) -> int | None:
+    """The spot:gpu capacity ratio of a planned mode ('planned' = 1, 'planned-x4' = 4): stale
+    exploration with the planner, on that many spot slots per gpu worker's; None otherwise."""
+    if mode == "planned":
+        return 1
+    if mode.startswith("planned-x") and mode[len("planned-x"):].isdigit():
+        return max(1, int(mode[len("planned-x"):]))
+    return None
+
+
 @dataclass(frozen=True)
 class Job:
     mode: str
     seed: int
+    time_model: tuple[float, float] | None = None   # planned modes: window s, s/sample-step
 
     @property
     def name(self) -> str:
@@ -57,11 +68,17 @@ class Job:
 def run_job(plan: PairedPlan, job: Job) -> dict:
     """One harness run (in a worker process): its validation curve, per-iteration rewards,
     group std, seed sources and audit τ, and for spotlight the τ-against-staleness probes."""
-    from pipelines.run.harness import Harness
+    from pipelines.run.harness import Harness, TimeModel
 
     started = time.perf_counter()
-    config = plan.config.with_values({"seed": job.seed})
-    harness = Harness(config, job.mode, base_val_reward=plan.base_val_reward)
+    config, mode, model = plan.config.with_values({"seed": job.seed}), job.mode, None
+    ratio = planned_ratio(job.mode)
+    if ratio is not None:   # stale exploration as spotlight, planned on the measured time
+        window_s, sec_per_sample_step = job.time_model
+        config, mode = config.with_values({"planner.enabled": True}), "spotlight"
+        model = TimeModel(window_s, sec_per_sample_step,
+                          ratio * config.cluster.spot_workers * config.cluster.threads_per_worker)
+    harness = Harness(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
 
     def report(it) -> None:
         if it.val_reward is not None:
@@ -72,7 +89,7 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
         harness.run_iterations(plan.iterations, plan.every, report)
         run = harness.run
         lag_taus = {}
-        if job.mode == "spotlight":
+        if job.mode == "spotlight":   # the stale mode's rankings, probed against older weights
             lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
                             k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
                         for k in plan.lag_points if k <= plan.iterations}
@@ -80,7 +97,8 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
         harness.close()
     return {"mode": job.mode, "seed": job.seed, "base_val_reward": run.base_val_reward,
             "val_curve": run.val_curve(), "iterations": [asdict(it) for it in run.iterations],
-            "lag_taus": lag_taus, "final_val_rewards": np.asarray(harness.last_val_rewards).tolist(),
+            "lag_taus": lag_taus, "time_model": job.time_model,
+            "final_val_rewards": np.asarray(harness.last_val_rewards).tolist(),
             "wall_s": time.perf_counter() - started}
 
 

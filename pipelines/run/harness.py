@@ -9,8 +9,12 @@ change the numbers: Dask, the manifest, streamed latents, events, the cost ledge
 iteration efficiency (iterations to a target) is measured here, many seeds in one sitting, and
 time per iteration on the cluster.
 
-Exploration runs every planned request (``exploration.deadline`` off) with the planner's
-fixed arm (``planner.enabled`` off): both otherwise depend on measured time.
+Exploration runs every planned request (``exploration.deadline`` off: the deadline depends on
+measured time). The planner runs on modelled time (:class:`TimeModel`: the exploration window and
+the spot workers' seconds per sample-step, measured on a cluster, and how many spot slots there
+are), so its choices -- and what a spot capacity 2 or 4 times the gpu workers' buys -- can be
+measured over many seeds too; with ``planner.enabled`` off every iteration explores
+``exploration.candidates`` at the rollout's steps.
 """
 from __future__ import annotations
 
@@ -27,12 +31,27 @@ from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import Selection, select_seeds
 from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due, audit_picks,
                                             grouped_kendall_tau)
+from spotlight.exploration.planner import ExplorationPlanner, Plan, plan_cost
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import Prompt, world_prompts
 from spotlight.rl.trainer import iteration_prompts, random_seeds
 from storage import RunStore
 
 HARNESS_MODES = ("vanilla", "sync", "spotlight", "rlboost")
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """The seconds the planner plans with in the harness, which has no clock of its own."""
+
+    window_s: float              # exploration window of one iteration (measured on a cluster)
+    sec_per_sample_step: float   # one spot slot's seconds per candidate and denoising step
+    spot_slots: int = 1          # spot workers x threads: the spot capacity rented
+
+    def explore_s(self, plan: Plan) -> float:
+        """Wall seconds the plan's exploration takes on the spot slots."""
+        return plan_cost(plan.prompts, plan.candidates, plan.steps,
+                         self.sec_per_sample_step) / self.spot_slots
 
 
 @dataclass
@@ -45,6 +64,7 @@ class HarnessIteration:
     source: str                      # where the seeds came from: random, explore, sync, ...
     audit_tau: float | None = None   # stale vs fresh ranking of random candidates
     val_reward: float | None = None  # of θ_k+1, when validated
+    plan: tuple[int, int, int] | None = None   # the planner's N, M and prompts for k+1
 
 
 @dataclass
@@ -64,14 +84,24 @@ class HarnessRun:
 class Harness:
     """One run of ``mode`` from the cached base model, iteration by iteration."""
 
-    def __init__(self, config: RunConfig, mode: str, base_val_reward: float | None = None) -> None:
+    def __init__(self, config: RunConfig, mode: str, base_val_reward: float | None = None,
+                 time_model: TimeModel | None = None) -> None:
         """``base_val_reward``: the base model's validation reward when the caller measured it
-        already (it depends on neither the mode nor the run seed), saving one validation."""
+        already (it depends on neither the mode nor the run seed), saving one validation.
+        ``time_model``: what the planner plans with (needed with ``planner.enabled``)."""
         if mode not in HARNESS_MODES:
             raise ConfigError(f"harness mode {mode!r}: choose one of {', '.join(HARNESS_MODES)}")
-        if config.planner.enabled or config.exploration.deadline:
-            raise ConfigError("the harness replays exploration without timing: set "
-                              "planner.enabled: false and exploration.deadline: false")
+        if config.exploration.deadline:
+            raise ConfigError("the harness replays exploration without a clock: set "
+                              "exploration.deadline: false")
+        if config.planner.enabled and mode == "spotlight" and time_model is None:
+            raise ConfigError("the harness runs the planner on modelled time: pass a "
+                              "TimeModel (exploration window, seconds per sample-step, spot "
+                              "slots), or set planner.enabled: false")
+        self.planner = (ExplorationPlanner(config.planner, config.sampler)
+                        if config.planner.enabled and mode == "spotlight" else None)
+        self.time_model = time_model
+        self.plans: dict[int, Plan] = {}   # iteration -> the plan that explored it
         self.config = config.with_values({"mode": mode, "stream_latents": False})
         self.mode = mode
         self.store = RunStore.open(f"memory://harness-{uuid.uuid4().hex}")
@@ -113,11 +143,12 @@ class Harness:
         selection, source = self.seeds_for(k, prompts)
         tau = self.audit(k, prompts) if self.mode == "spotlight" else None
         if explore_next and self.mode == "spotlight":   # θ_k explores k+1 (while θ_k trains)
-            self.stale[k + 1] = self.explore(k + 1, k, cfg.exploration.candidates)
+            self.stale[k + 1] = self.explore_planned(k + 1, k)
         rollout = rollout_task(cfg, self.store, tasks.RolloutRequest(k, prompts,
                                                                       selection.seeds, k))
         scored = tasks.reward_task(cfg, self.store, rollout, prompts, cfg.grpo.group_size, k)
         adv = tasks.advantages_task(cfg, k, scored["rewards"], k)
+        self.pay_planner(k, adv)
         trained = tasks.train_task(cfg, self.store, rollout,
                                    tasks.TrainRequest(k, prompts, scored["rewards"], adv, k))
         saved = tasks.checkpoint_task(cfg, self.store, trained, k, k)
@@ -125,8 +156,39 @@ class Harness:
         if tau is not None:
             self.monitor.observe(k, tau)
         rewards = scored["rewards"]
+        plan = self.plans.get(k + 1)
         return HarnessIteration(k, float(rewards.mean()), float(rewards.std(axis=1).mean()),
-                                source, tau, self.validate(k + 1) if validate else None)
+                                source, tau, self.validate(k + 1) if validate else None,
+                                (plan.candidates, plan.steps, plan.prompts) if plan else None)
+
+    # --- the planner on modelled time ----------------------------------------------------------
+    def explore_planned(self, iteration: int, version: int) -> list[tuple[list, list]]:
+        """As :meth:`Exploration.plan` + ``submit``: the planner's N candidates at M steps on its
+        first prompts (the rest get random seeds), or the fixed arm with the planner off."""
+        cfg = self.config
+        if self.planner is None:
+            return self.explore(iteration, version, cfg.exploration.candidates)
+        model, prompts = self.time_model, self.prompts(iteration)
+        plan = self.planner.plan(iteration, len(prompts), cfg.grpo.group_size, model.spot_slots,
+                                 [model.window_s], model.sec_per_sample_step,
+                                 cfg.exploration.steps or cfg.sampler.num_steps)
+        self.plans[iteration] = plan
+        explored = (self.explore(iteration, version, plan.candidates, "explore",
+                                 prompts[:plan.prompts], plan.steps)
+                    if plan.candidates and plan.prompts else [])
+        return explored + [([], []) for _ in prompts[len(explored):]]
+
+    def pay_planner(self, k: int, adv: dict) -> None:
+        """As :meth:`Exploration.record_plan_outcome`, with the modelled seconds: the spread
+        the rollout of k got from its selection, per spot-second billed for the window."""
+        plan, stale = self.plans.get(k), self.stale.get(k)
+        if self.planner is None or plan is None or not stale or not any(s for s, _ in stale):
+            return
+        group, model = self.config.grpo.group_size, self.time_model
+        random_std = float(np.mean([np.std(r[:group]) for _, r in stale if len(r) >= 2]
+                                   or [0.0]))
+        self.planner.record(plan, model.explore_s(plan), float(np.mean(adv["group_std"])),
+                            random_std, model.window_s * model.spot_slots)
 
     # --- seeds -------------------------------------------------------------------------------
     def seeds_for(self, k: int, prompts: list[Prompt]) -> tuple[Selection, str]:
@@ -151,14 +213,15 @@ class Harness:
                             fresh)
 
     def explore(self, iteration: int, version: int, candidates: int, stage: str = "explore",
-                prompts: list[Prompt] | None = None) -> list[tuple[list, list]]:
+                prompts: list[Prompt] | None = None,
+                steps: int | None = None) -> list[tuple[list, list]]:
         """Score ``candidates`` seeds per prompt of ``iteration`` (or of its first ``prompts``)
         with θ_version, in the pipeline's requests (one per prompt and
         ``exploration.request_batch`` candidates)."""
         prompts = prompts or self.prompts(iteration)
         per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
         for request in explore_requests(self.config, iteration, prompts, version, stage,
-                                        candidates):
+                                        candidates, steps):
             out = tasks.explore_task(self.config, self.store, request)
             per_prompt[request.prompt_index][0].extend(out["seeds"].tolist())
             per_prompt[request.prompt_index][1].extend(out["rewards"].tolist())

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from pipelines.bench.convergence import cluster_iterations, seconds_per_iteration
+from pipelines.bench.convergence import (cluster_iterations, measured_time_model,
+                                         seconds_per_iteration)
 from pipelines.bench.convergence_report import hourly_usd, summarize
-from pipelines.bench.paired import PairedPlan, PairedStore
+from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio
 from spotlight.config import load_config, shipped_config
 
 CONFIG = load_config(shipped_config("digits.yaml"))
@@ -131,3 +132,30 @@ def test_cluster_check_length_and_seconds_per_iteration():
     assert cluster_iterations(None, 5, 4) == 4      # never past the budget
     assert seconds_per_iteration(cluster(12.0)) == 12.0
     assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
+
+
+def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
+    records = []
+    for k in (0, 1):   # rollout 0-4 s, train 4-10 s (k = 1: 100 s later); two explore tasks
+        t = 100.0 * k
+        records += [{"stage": "rollout", "iteration": k, "start": t, "end": t + 4},
+                    {"stage": "train", "iteration": k, "start": t + 4, "end": t + 10 + k},
+                    {"stage": "explore", "iteration": k + 1, "start": t, "end": t + 2,
+                     "samples": 4, "steps": 10}]
+    window, per_step = measured_time_model(records, "iteration")
+    assert window == pytest.approx(10.5) and per_step == pytest.approx(4.0 / 80)
+    assert measured_time_model(records, "train")[0] == pytest.approx(6.5)
+    assert measured_time_model([r for r in records if r["stage"] != "explore"], "train") is None
+    assert [planned_ratio(m) for m in ("planned", "planned-x4", "spotlight", "planned-xx")] == \
+        [1, 4, None, None]
+    jobs = saved_jobs()
+    for seed in (0, 1):
+        jobs[f"planned-x4-seed{seed}"] = dict(jobs[f"spotlight-seed{seed}"])
+    jobs["planned-x4-seed0"]["iterations"] = [dict(it, plan=[24, 7, 32]) for it in
+                                              jobs["planned-x4-seed0"]["iterations"]]
+    facts = dict(FACTS, modes=FACTS["modes"] + ["planned-x4"])
+    result = summarize(jobs, facts, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["seconds_per_iteration"]["planned-x4"] == 11.0   # spotlight's
+    assert hourly_usd(CONFIG, "planned-x4") > hourly_usd(CONFIG, "spotlight")
+    assert result["planner_choices"]["planned-x4"][0] == [1, 24, 7, 32]
+    assert "planned-x4" not in result["cluster_check"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.run.harness import Harness
+from pipelines.run.harness import Harness, TimeModel
 from spotlight.config import ConfigError
 
 
@@ -59,3 +59,31 @@ def test_staleness_probe_ranks_the_same_candidates_with_older_weights(tiny_run_c
         harness.close()
     assert taus == {1: 1.0, 2: -1.0, 4: None}    # θ_-2 does not exist
     assert calls == [(2, 2, 8, "audit", 2), (2, 1, 8, "audit", 2), (2, 0, 8, "audit", 2)]
+
+
+def test_the_planner_plans_on_modelled_time(tiny_run_config):
+    """With planner.enabled the harness plans each exploration from a TimeModel: a wide window
+    explores every prompt with the arm the planner picks (and pays it); a window too short for
+    one prompt explores nothing and the rollout takes random seeds."""
+    config = tiny_run_config.with_values({"planner.enabled": True, "planner.candidates": [6, 8],
+                                          "planner.steps": [0]})
+    with pytest.raises(ConfigError, match="TimeModel"):
+        Harness(config, "spotlight")
+    wide = Harness(config, "spotlight", time_model=TimeModel(60.0, 1e-3, spot_slots=2))
+    narrow = Harness(config, "spotlight", time_model=TimeModel(1e-4, 1e-3))
+    try:
+        wide_run, narrow_run = wide.run_iterations(4), narrow.run_iterations(2)
+    finally:
+        wide.close()
+        narrow.close()
+    prompts, steps = config.grpo.prompts_per_iteration, config.sampler.num_steps
+    # Untried arms first, cheapest first, on every prompt at the rollout's steps. A plan is made
+    # before the previous one is paid (as on the cluster: exploration of k+1 starts with k), so
+    # N 6 is still untried when iteration 2 is planned; N 8 comes next.
+    assert [it.plan for it in wide_run.iterations] == [(6, steps, prompts), (6, steps, prompts),
+                                                       (8, steps, prompts), None]
+    assert sum(wide.planner.pulls) == 3            # the plans of iterations 1, 2 and 3 were paid
+    assert [len(s) for s, _ in wide.stale[3]] == [8] * prompts
+    assert narrow_run.iterations[0].plan[0] == 0   # nothing fits the window
+    assert all(len(s) == 0 for s, _ in narrow.stale[1])
+    assert narrow_run.iterations[1].source == "explore" and sum(narrow.planner.pulls) == 0
