@@ -2,10 +2,12 @@
 by how much, over paired seeds with intervals.
 
 Two measurements, joined:
-1. *Iteration efficiency*, many seeds: every mode runs the same fixed number of iterations under
-   the same K run seeds (same base model, prompts and validation seeds) in the in-process
-   harness, which computes the cluster's numbers bit for bit (``pipelines/run/harness.py``), two
-   jobs at a time. Each job is saved when it ends; ``--resume`` continues a cut-off bench.
+1. *Iteration efficiency*, many seeds: every mode runs under the same K run seeds (same base
+   model, prompts and validation seeds) in the in-process harness, which computes the
+   cluster's numbers bit for bit (``pipelines/run/harness.py``), two jobs at a time, until it
+   has both run the fixed budget (where the area under the curve and the value at the budget
+   are read) and reached the target, or for at most ``--iterations``. Each job is saved when it
+   ends; ``--resume`` continues a cut-off bench.
 2. *Time per iteration*, on the embedded cluster (1 gpu + 1 spot worker): the first seed's runs
    of every mode until the target, with the stale exploration on the spot worker from the start
    of the iteration (spot capacity of its own, as deployed). Their critical-path seconds per
@@ -26,6 +28,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,8 +51,11 @@ TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
 # The bench's yardstick: a larger fixed validation set (every validation prompt, four fixed seeds
 # each) every five iterations; every candidate explored at the fixed arm (see the docstring).
+# The base pretrains for exactly pretrain.steps (no wall-clock cap), so it is the same base on
+# every machine -- and bench learning's, which shares the cached model.
 BENCH_SETTINGS = {"validation.every": 5, "validation.seeds_per_prompt": 4,
-                  "planner.enabled": False, "exploration.deadline": False}
+                  "planner.enabled": False, "exploration.deadline": False,
+                  "pretrain.time_budget_s": 86400.0}
 # On the cluster: the rollout on the gpu worker, exploration on the spot worker from the
 # iteration's start -- the spot worker's capacity is exploration's own.
 CLUSTER_SETTINGS = {"placement.rollout": ["gpu"], "exploration.window": "iteration",
@@ -170,13 +176,21 @@ def _check_options(task: str, config: str | None, seeds: int, modes: tuple[str, 
         raise ValueError(f"--iterations {iterations} must be at least 1")
 
 
+def _check_budget(budget: int, iterations: int, every: int) -> None:
+    if not 1 <= budget <= iterations or budget % every:
+        raise ValueError(f"--budget {budget} must be a multiple of the validation interval "
+                         f"({every}) between 1 and --iterations ({iterations}): the area and "
+                         "the value at the budget are read at a validation")
+
+
 @register_bench("convergence")
 def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None = None,
                       json_path: str | None = None, target: float | None = None,
                       target_gain: float = 0.02, seeds: int | None = None,
                       overrides: dict | None = None, modes: list[str] | None = None,
                       iterations: int | None = None, workers: int | None = None,
-                      resume: bool = False, cluster_seeds: int = 1, **_: object) -> dict:
+                      resume: bool = False, cluster_seeds: int = 1, budget: int | None = None,
+                      **_: object) -> dict:
     seeds = seeds or (1 if quick else 8)
     modes = tuple(modes or DEFAULT_MODES)
     _check_options(task, config, seeds, modes, iterations)
@@ -185,21 +199,24 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     cfg = load_config(config or TASK_CONFIGS[task],
                       {**BENCH_SETTINGS, **(QUICK_SETTINGS if quick else {}), **settings})
     iterations = iterations or (2 if quick else 30)
+    budget = budget or min(iterations, 2 if quick else 10)
+    _check_budget(budget, iterations, cfg.validation.every)
     started = time.monotonic()
     base = base_validation(cfg)   # builds (digits: pretrains, cached) the base first
     goal = target if target is not None else base + target_gain
     print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
     every = cfg.validation.every
     plan = PairedPlan(cfg, iterations, every, base,
-                      lag_points=tuple(k for k in range(2 * every, iterations + 1, 2 * every)))
+                      lag_points=tuple(k for k in range(2 * every, iterations + 1, 2 * every)),
+                      target=goal, budget=budget)
     folder = (Path(json_path).with_suffix(".parts") if json_path
               else Path(tempfile.mkdtemp(prefix="spotlight-bench-convergence-")))
     store = PairedStore.open(folder, plan, resume)
     png = Path(json_path).with_suffix(".png") if json_path else folder / "convergence.png"
     facts = {"task": cfg.world.task, "config": cfg.source, "base_val_reward": base,
              "target": goal, "seeds_asked": seeds, "modes": list(modes), "iterations": iterations,
-             "validation_every": every, "overrides": settings, "png": str(png),
-             "parts": str(folder), "prompts_per_iteration": cfg.grpo.prompts_per_iteration,
+             "budget": budget, "validation_every": every, "overrides": settings,
+             "png": str(png), "parts": str(folder), "prompts_per_iteration": cfg.grpo.prompts_per_iteration,
              "candidates": cfg.exploration.candidates, "group_size": cfg.grpo.group_size}
     seed_list = [cfg.seed + s for s in range(seeds)]
 
@@ -210,9 +227,16 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
             write_result(result, json_path)
         return result
 
-    # The checked seeds first, then their cluster runs (on an otherwise idle machine: they
-    # measure time), then the other seeds: a bench cut off early has its time figures.
-    checked, workers = seed_list[:cluster_seeds], workers or min(2, os.cpu_count() or 1)
+    run_phases(plan, store, modes, seed_list, seed_list[:cluster_seeds],
+               workers or min(2, os.cpu_count() or 1), goal, report)
+    return report()
+
+
+def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
+               seed_list: list[int], checked: list[int], workers: int, goal: float,
+               report: Callable[[], dict]) -> None:
+    """The checked seeds first, then their cluster runs (on an otherwise idle machine: they
+    measure time), then the other seeds: a bench cut off early has its time figures."""
     timed = [m for m in modes if planned_ratio(m) is None]
     run_jobs(plan, [Job(m, s) for s in checked for m in timed], store, workers, on_done=report)
     for seed in checked:
@@ -229,4 +253,3 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
                            "modes have no time to plan with")
     run_jobs(plan, [Job(m, s, None if m in timed else tuple(model))
                     for s in seed_list for m in modes], store, workers, on_done=report)
-    return report()

@@ -66,8 +66,8 @@ def plot_convergence(result: dict, path: Path) -> Path:
     right.set(xlabel="paired ratio (median, 90% bootstrap interval; dots: seeds)",
               title="speed-ups and staleness cost")
     right.set_xscale("log")
-    fig.suptitle(f"bench convergence: {result['task']}, {result['iterations']} iterations, "
-                 f"target {result['target']:.3f}")
+    fig.suptitle(f"bench convergence: {result['task']}, to the target {result['target']:.3f} "
+                 f"(at most {result['iterations']} iterations)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -35,8 +35,9 @@ def _censored(value: float | None, budget: float) -> float:
 
 
 def per_mode(jobs: dict[str, dict], modes: list[str], seeds: list[int], target: float,
-             iterations: int, every: int) -> dict:
-    """Per mode and seed: iterations to target, area under the curve, value at the budget."""
+             iterations: int, every: int, budget: int) -> dict:
+    """Per mode and seed: iterations to target (unreached ones censored just past the
+    ``iterations`` cap), area under the curve and value at the fixed ``budget``."""
     out: dict[str, dict] = {}
     for mode in modes:
         runs = [jobs[f"{mode}-seed{s}"] for s in seeds]
@@ -46,8 +47,8 @@ def per_mode(jobs: dict[str, dict], modes: list[str], seeds: list[int], target: 
             "iterations_to_target": its,
             "unreached": sum(i is None for i in its),
             "censored": [_censored(i, iterations + every) for i in its],
-            "auc": [curve_area(c, iterations) for c in curves],
-            "value_at_budget": [value_at(c, iterations) for c in curves],
+            "auc": [curve_area(c, budget) for c in curves],
+            "value_at_budget": [value_at(c, budget) for c in curves],
             "group_std": [float(np.mean([it["group_std"] for it in r["iterations"]]))
                           for r in runs],
             "audit_tau": [it["audit_tau"] for r in runs for it in r["iterations"]
@@ -98,7 +99,8 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
               "machine": machine()}
     if not done:
         return result
-    figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"])
+    figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"],
+                       facts.get("budget") or iterations)
     cluster = {m: saved.get(f"cluster-{m}-seed{seeds[0]}") for m in modes
                if not planned_ratio(m)}
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
@@ -145,12 +147,12 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
 
 def strict_at_budget(saved: dict[str, dict], modes: list[str], seeds: list[int],
                      config: RunConfig) -> dict:
-    """Per mode: GenEval's strict score (every clause right) overall and per tag after the last
-    iteration, median over seeds, beside the partial-credit mean."""
+    """Per mode: GenEval's strict score (every clause right) overall and per tag at the budget,
+    median over seeds, beside the partial-credit mean."""
     prompts = world_prompts(config, "val")[:config.validation.max_prompts]
     out = {}
     for mode in modes:
-        scores = [strict_scores(saved[f"{mode}-seed{s}"]["final_val_rewards"], prompts)
+        scores = [strict_scores(saved[f"{mode}-seed{s}"]["budget_val_rewards"], prompts)
                   for s in seeds]
         tags = sorted(scores[0]["strict_by_tag"])
         out[mode] = {"strict": float(np.median([x["strict"] for x in scores])),

@@ -2,10 +2,11 @@
 processes (one torch thread each, like a worker) and saved as it finishes, so a bench cut off
 part-way continues with ``--resume`` from the jobs it has.
 
-A job is one :class:`~pipelines.run.harness.Harness` run: a fixed number of iterations from the
-cached base model, validated every ``every`` iterations on the fixed validation set. Its numbers
-are the cluster's (the harness computes them bit for bit), so what differs between modes here is
-only what they learn per iteration; time per iteration is measured on the cluster separately.
+A job is one :class:`~pipelines.run.harness.Harness` run from the cached base model, validated
+every ``every`` iterations on the fixed validation set, until it has reached the target and run
+the fixed budget, or for at most ``iterations``. Its numbers are the cluster's (the harness
+computes them bit for bit), so what differs between modes here is only what they learn per
+iteration; time per iteration is measured on the cluster separately.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from spotlight.config import RunConfig, config_hash
+from spotlight.evidence import crossing
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,23 @@ class PairedPlan:
     lags: tuple[int, ...] = (1, 2, 4)
     lag_prompts: int = 4
     lag_candidates: int = 16
+    # A job stops at the first validation that has both reached ``target`` and run ``budget``
+    # iterations (the fixed budget the area and the value at the budget are read at); without a
+    # target every job runs all ``iterations``, which then only caps the unreached.
+    target: float | None = None
+    budget: int | None = None
 
     def fingerprint(self) -> str:
         """Jobs saved under another plan are not this bench's: resume refuses to mix them."""
         return config_hash(self.config.with_values({"seed": 0}).to_dict(), self.iterations,
                            self.every, self.base_val_reward, list(self.lag_points),
-                           list(self.lags), self.lag_prompts, self.lag_candidates)
+                           list(self.lags), self.lag_prompts, self.lag_candidates,
+                           self.target, self.budget)
+
+    def done(self, run) -> bool:
+        """Whether a harness run has what the bench reads from it (see ``target``)."""
+        return (self.target is not None and len(run.iterations) >= (self.budget or 0)
+                and crossing(run.val_curve(), self.target) is not None)
 
 
 def planned_ratio(mode: str) -> int | None:
@@ -80,25 +93,28 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
                           ratio * config.cluster.spot_workers * config.cluster.threads_per_worker)
     harness = Harness(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
 
+    at_budget: list = []   # the validation rewards per prompt and seed at the budget
+
     def report(it) -> None:
+        if it.iteration + 1 == (plan.budget or plan.iterations):
+            at_budget.append(np.asarray(harness.last_val_rewards).tolist())
         if it.val_reward is not None:
             print(f"{job.mode:9s} seed {job.seed} iter {it.iteration:3d} val={it.val_reward:.3f} "
                   f"group_std={it.group_std:.3f}", flush=True)
 
     try:
-        harness.run_iterations(plan.iterations, plan.every, report)
-        run = harness.run
+        run = harness.run_iterations(plan.iterations, plan.every, report, plan.done)
         lag_taus = {}
         if job.mode == "spotlight":   # the stale mode's rankings, probed against older weights
             lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
                             k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
-                        for k in plan.lag_points if k <= plan.iterations}
+                        for k in plan.lag_points if k <= len(run.iterations)}
     finally:
         harness.close()
     return {"mode": job.mode, "seed": job.seed, "base_val_reward": run.base_val_reward,
             "val_curve": run.val_curve(), "iterations": [asdict(it) for it in run.iterations],
             "lag_taus": lag_taus, "time_model": job.time_model,
-            "final_val_rewards": np.asarray(harness.last_val_rewards).tolist(),
+            "budget_val_rewards": at_budget[0] if at_budget else None,
             "wall_s": time.perf_counter() - started}
 
 

@@ -141,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["target"] = args.target
     if args.seeds is not None:
         options["seeds"] = args.seeds
-    for name in ("iterations", "workers"):
+    for name in ("iterations", "workers", "budget"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.resume:
@@ -267,6 +267,10 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=None, metavar="N",
                    help="convergence, learning, overhead: iterations per run (fixed, whatever "
                         "the machine's speed)")
+    p.add_argument("--budget", type=int, default=None, metavar="B",
+                   help="convergence: the fixed iteration budget the area under the curve and "
+                        "the value at the budget are read at; a run stops once it has run B "
+                        "and reached the target (default 10; --iterations caps the rest)")
     p.add_argument("--workers", type=int, default=None, metavar="W",
                    help="convergence: harness runs at a time (default: 2, one core each)")
     p.add_argument("--resume", action="store_true",

@@ -127,15 +127,20 @@ class Harness:
         return float(out["mean_reward"])
 
     def run_iterations(self, iterations: int, validate_every: int | None = None,
-                       report: Callable[[HarnessIteration], None] | None = None) -> HarnessRun:
+                       report: Callable[[HarnessIteration], None] | None = None,
+                       stop: Callable[[HarnessRun], bool] | None = None) -> HarnessRun:
         """Iterations ``len(run.iterations)`` .. ``iterations - 1``; validation as the driver
-        schedules it (every ``validation.every`` and after the last); ``report`` sees each."""
+        schedules it (every ``validation.every`` and after the last); ``report`` sees each.
+        ``stop``, asked after each validation, ends the run early (the iterations it ran are
+        those of the full run: the budget, not the stop, decides what each explores)."""
         every = validate_every or self.config.validation.every
         for k in range(len(self.run.iterations), iterations):
             validate = (k + 1) % every == 0 or k + 1 == iterations
             self.run.iterations.append(self.iteration(k, k + 1 < iterations, validate))
             if report is not None:
                 report(self.run.iterations[-1])
+            if validate and stop is not None and stop(self.run):
+                break
         return self.run
 
     def iteration(self, k: int, explore_next: bool, validate: bool) -> HarnessIteration:

@@ -10,6 +10,7 @@ from pipelines.bench.convergence import (cluster_iterations, measured_time_model
                                          seconds_per_iteration)
 from pipelines.bench.convergence_report import hourly_usd, summarize
 from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio
+from pipelines.run.harness import HarnessIteration, HarnessRun
 from spotlight.config import load_config, shipped_config
 
 CONFIG = load_config(shipped_config("digits.yaml"))
@@ -89,9 +90,9 @@ def test_geneval_reports_the_strict_score_per_tag(tmp_path):
     jobs = saved_jobs()
     prompts = config.validation.max_prompts   # 64 validation prompts x 4 seeds
     for seed in (0, 1):
-        jobs[f"vanilla-seed{seed}"]["final_val_rewards"] = [[0.5] * 4] * prompts
-        jobs[f"sync-seed{seed}"]["final_val_rewards"] = [[1.0, 1.0, 0.5, 0.5]] * prompts
-        jobs[f"spotlight-seed{seed}"]["final_val_rewards"] = [[1.0] * 4] * prompts
+        jobs[f"vanilla-seed{seed}"]["budget_val_rewards"] = [[0.5] * 4] * prompts
+        jobs[f"sync-seed{seed}"]["budget_val_rewards"] = [[1.0, 1.0, 0.5, 0.5]] * prompts
+        jobs[f"spotlight-seed{seed}"]["budget_val_rewards"] = [[1.0] * 4] * prompts
     strict = summarize(jobs, FACTS, [0, 1], config, tmp_path / "c.png")["strict_at_budget"]
     assert {m: s["strict"] for m, s in strict.items()} == {"vanilla": 0.0, "sync": 0.5,
                                                            "spotlight": 1.0}
@@ -159,3 +160,15 @@ def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
     assert hourly_usd(CONFIG, "planned-x4") > hourly_usd(CONFIG, "spotlight")
     assert result["planner_choices"]["planned-x4"][0] == [1, 24, 7, 32]
     assert "planned-x4" not in result["cluster_check"]
+
+
+def test_a_job_stops_once_it_has_run_the_budget_and_reached_the_target():
+    plan = PairedPlan(CONFIG, iterations=30, every=5, base_val_reward=0.2, target=0.3, budget=10)
+    run = HarnessRun("vanilla", 0, 0.2)
+    for k, val in enumerate([0.31] + [None] * 3 + [0.25] * 6):
+        run.iterations.append(HarnessIteration(k, 0.0, 0.0, "random", val_reward=val))
+        # Reached at iteration 1, but the budget's value is not read before iteration 10.
+        assert plan.done(run) == (k + 1 == 10), k
+    assert not PairedPlan(CONFIG, 30, 5, 0.2, budget=10).done(run)   # no target: run them all
+    assert PairedPlan(CONFIG, 30, 5, 0.2, target=0.3, budget=10).fingerprint() != \
+        PairedPlan(CONFIG, 30, 5, 0.2, target=0.3, budget=20).fingerprint()

@@ -87,3 +87,19 @@ def test_the_planner_plans_on_modelled_time(tiny_run_config):
     assert narrow_run.iterations[0].plan[0] == 0   # nothing fits the window
     assert all(len(s) == 0 for s, _ in narrow.stale[1])
     assert narrow_run.iterations[1].source == "explore" and sum(narrow.planner.pulls) == 0
+
+
+def test_a_stopped_run_ran_the_full_runs_iterations(tiny_run_config):
+    """``stop`` ends the run at a validation; what ran is the full run's prefix (the budget, not
+    the stop, decides that iteration 0 explores iteration 1)."""
+    runs = []
+    for stop in (None, lambda run: len(run.iterations) == 2):
+        harness = Harness(tiny_run_config, "spotlight")
+        try:
+            runs.append(harness.run_iterations(3, stop=stop))
+        finally:
+            harness.close()
+    full, stopped = runs
+    assert [it.iteration for it in stopped.iterations] == [0, 1]
+    assert stopped.iterations == full.iterations[:2]
+    assert [it.source for it in stopped.iterations] == ["random", "explore"]
