@@ -8,7 +8,7 @@ import pytest
 
 from pipelines.bench.convergence import (cluster_iterations, measured_time_model,
                                          seconds_per_iteration)
-from pipelines.bench.convergence_report import hourly_usd, summarize
+from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
 from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio
 from pipelines.run.harness import HarnessIteration, HarnessRun
 from spotlight.config import load_config, shipped_config
@@ -133,6 +133,14 @@ def test_cluster_check_length_and_seconds_per_iteration():
     assert cluster_iterations(None, 5, 4) == 4      # never past the budget
     assert seconds_per_iteration(cluster(12.0)) == 12.0
     assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
+
+
+def test_the_cluster_check_compares_the_validations_both_ran():
+    harness = [(0, 0.24), (5, 0.242), (10, 0.23)]
+    # The cluster stopped at 7 and validated there too (the driver validates the last one).
+    assert same_validations(harness, [[0, 0.24], [5, 0.242], [7, 0.225]])
+    assert not same_validations(harness, [[0, 0.24], [5, 0.243], [7, 0.225]])
+    assert not same_validations(harness, [[0, 0.24], [7, 0.225]])   # nothing to compare
 
 
 def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
