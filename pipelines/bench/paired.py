@@ -10,6 +10,7 @@ iteration; time per iteration is measured on the cluster separately.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -45,8 +46,10 @@ class PairedPlan:
     budget: int | None = None
 
     def fingerprint(self) -> str:
-        """Jobs saved under another plan are not this bench's: resume refuses to mix them."""
-        return config_hash(self.config.with_values({"seed": 0}).to_dict(), self.iterations,
+        """Jobs saved under another plan are not this bench's: resume refuses to mix them. Files
+        the config names count by their contents, so a bench resumes from another checkout."""
+        config = by_contents(self.config.with_values({"seed": 0}).to_dict())
+        return config_hash(config, self.iterations,
                            self.every, self.base_val_reward, list(self.lag_points),
                            list(self.lags), self.lag_prompts, self.lag_candidates,
                            self.target, self.budget)
@@ -55,6 +58,18 @@ class PairedPlan:
         """Whether a harness run has what the bench reads from it (see ``target``)."""
         return (self.target is not None and len(run.iterations) >= (self.budget or 0)
                 and crossing(run.val_curve(), self.target) is not None)
+
+
+def by_contents(value):
+    """``value`` (plain config data) with every string naming a file replaced by the sha256 of
+    that file's bytes."""
+    if isinstance(value, dict):
+        return {k: by_contents(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [by_contents(v) for v in value]
+    if isinstance(value, str) and value and os.path.isfile(value):
+        return "sha256:" + hashlib.sha256(Path(value).read_bytes()).hexdigest()
+    return value
 
 
 def planned_ratio(mode: str) -> int | None:

@@ -180,3 +180,19 @@ def test_a_job_stops_once_it_has_run_the_budget_and_reached_the_target():
     assert not PairedPlan(CONFIG, 30, 5, 0.2, budget=10).done(run)   # no target: run them all
     assert PairedPlan(CONFIG, 30, 5, 0.2, target=0.3, budget=10).fingerprint() != \
         PairedPlan(CONFIG, 30, 5, 0.2, target=0.3, budget=20).fingerprint()
+
+
+def test_a_bench_resumes_from_another_checkout(tmp_path):
+    """The config names its prompt files by path; the plan counts them by their contents."""
+    plans = []
+    for folder in ("a", "b"):
+        copy = tmp_path / folder
+        copy.mkdir()
+        for name in ("train.txt", "val.txt"):
+            (copy / name).write_text(f"{name}\n12\n")
+        plans.append(PairedPlan(CONFIG.with_values({
+            "world.train_prompts": str(copy / "train.txt"),
+            "world.val_prompts": str(copy / "val.txt")}), 10, 5, 0.2))
+    assert plans[0].fingerprint() == plans[1].fingerprint()
+    (tmp_path / "b" / "val.txt").write_text("val.txt\n13\n")
+    assert plans[0].fingerprint() != plans[1].fingerprint()
