@@ -178,7 +178,9 @@ def cluster_check(cluster: dict[str, dict | None], saved: dict[str, dict], seed:
         if run is None:
             continue
         harness = [tuple(p) for p in saved[f"{mode}-seed{seed}"]["val_curve"]]
-        its = crossing(harness, target)
+        # The cluster sees the target only at a validation, so its wall time is to that
+        # iteration: the estimate that time checks is the same iterations x seconds each.
+        its = run["iterations_to_target"]
         estimate = its * s_per_it[mode] if its is not None else None
         wall = run["time_to_target_s"]
         out[mode] = {"seed": seed,

@@ -23,10 +23,10 @@ def job(curve, group_std=0.2, audits=(), lag_taus=None):
     return {"val_curve": curve, "iterations": its, "lag_taus": lag_taus or {}}
 
 
-def cluster(seconds):
+def cluster(seconds, curve=(), reached=None, wall=None):
     # Iteration 0 (warm-up) and the validating iterations are left out of the median.
     return {"iteration_s": [99.0, seconds, seconds, 50.0], "validated": [False, False, False, True],
-            "val_curve": [], "time_to_target_s": None}
+            "val_curve": list(curve), "iterations_to_target": reached, "time_to_target_s": wall}
 
 
 def saved_jobs():
@@ -43,7 +43,8 @@ def saved_jobs():
         "spotlight-seed1": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.25,
                                audits=[None, 1.0]),
         "cluster-vanilla-seed0": cluster(10.0),
-        "cluster-sync-seed0": cluster(20.0),
+        # The cluster saw sync's target at its validation at 5 (harness crossing: 4), 110 s in.
+        "cluster-sync-seed0": cluster(20.0, [[0, 0.2], [5, 0.325]], reached=5, wall=110.0),
         "cluster-spotlight-seed0": cluster(11.0),
     }
 
@@ -70,6 +71,9 @@ def test_summary_figures_by_hand(tmp_path):
     assert min(100 / 55, 150 / 110) <= lo <= hi <= max(100 / 55, 150 / 110)
     assert result["group_std_gain"] == pytest.approx({"vanilla": 1.0, "sync": 1.5,
                                                       "spotlight": 1.25})
+    check = result["cluster_check"]["sync"]
+    assert check["curve_matches_harness"] and check["estimate_s"] == 5 * 20.0
+    assert check["relative_error"] == pytest.approx((100.0 - 110.0) / 110.0)
     tau = result["kendall_tau"]
     assert tau["audits"] == 3 and tau["median"] == pytest.approx(0.8)
     assert tau["by_staleness"]["1"]["median"] == 0.9 and tau["by_staleness"]["2"]["probes"] == 1
