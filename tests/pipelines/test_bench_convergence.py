@@ -1,32 +1,28 @@
-"""The convergence bench's aggregation over seeds (the end-to-end run is in test_cli)."""
+"""What bench convergence refuses before any work (the end-to-end run is in test_cli, the
+figures in test_convergence_report)."""
 from __future__ import annotations
 
-from pipelines.bench.convergence import _speedup, median_time
+import pytest
 
-
-def test_median_time_counts_a_seed_that_never_arrived_as_the_slowest():
-    assert median_time([300.0, 100.0, 200.0]) == 200.0
-    assert median_time([100.0, None, 200.0]) == 200.0       # None sorts last, not first
-    assert median_time([100.0, None, None]) is None          # the median seed never arrived
-    assert median_time([100.0, 300.0]) == 200.0
-    assert median_time([100.0, None]) is None                # halfway to "never" is never
-    assert median_time([]) is None
-
-
-def test_speedup_needs_both_times():
-    assert _speedup(600.0, 300.0) == 2.0
-    assert _speedup(None, 300.0) is None and _speedup(600.0, None) is None
+from pipelines.bench.convergence import bench_convergence
 
 
 def test_bench_refuses_unknown_or_repeated_modes_before_any_work():
-    import pytest
-
-    from pipelines.bench.convergence import bench_convergence
-
     with pytest.raises(ValueError, match=r"--modes vanilla,fast: each mode once"):
         bench_convergence(modes=["vanilla", "fast"])
     with pytest.raises(ValueError, match=r"each mode once"):
         bench_convergence(modes=["sync", "sync"])
+    with pytest.raises(ValueError, match=r"add spotlight"):
+        bench_convergence(modes=["vanilla", "planned"])
+
+
+def test_a_budget_off_the_validations_is_refused(monkeypatch):
+    import pipelines.bench.convergence as convergence
+
+    monkeypatch.setattr(convergence, "base_validation", lambda config: pytest.fail("ran"))
+    for budget in (7, 35):   # not a multiple of 5; past --iterations 30
+        with pytest.raises(ValueError, match=rf"--budget {budget} must be a multiple"):
+            bench_convergence(budget=budget)
 
 
 def test_set_and_modes_are_refused_for_other_benchmarks(capsys):
