@@ -6,10 +6,10 @@ With ``harness`` each mode is also run by the in-process harness (``pipelines/ru
 and printed as ``harness-<mode>``: it must give the cluster's numbers.
 
 ``tests/pipelines/test_digits_pin.py`` runs this in a subprocess and compares with
-``digits.json``. Torch's kernels are held to their portable (non-SIMD) paths and MKL to its
-compatible code path, set before torch loads, so that the sums come out the same on any x86
-CPU rather than depending on AVX2 or AVX-512; the recogniser and base model are trained afresh
-in a private cache, on the same paths. To re-record from an older commit, check it out
+``digits.json``. Torch's kernels are held to their portable (non-SIMD) paths, MKL to its
+compatible code path and oneDNN to SSE4.1, set before torch loads, so that the sums come out
+the same on any x86 CPU rather than depending on AVX2 or AVX-512; the recogniser and base model
+are trained afresh in a private cache, on the same paths. To re-record from an older commit, check it out
 into a work tree and run this file there with ``PYTHONPATH`` set to the work tree.
 """
 from __future__ import annotations
@@ -20,7 +20,10 @@ import os
 import sys
 import tempfile
 
-PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+# oneDNN (torch's convolutions) picks its own instruction set: on an AVX-512 CPU it sums in
+# another order than on an AVX2 one, and the pin moved; SSE4.1 is on every x86-64 CPU here.
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                "ONEDNN_MAX_CPU_ISA": "SSE41"}
 os.environ.update(PORTABLE_ENV)   # before torch loads, here and in the workers it starts
 
 
