@@ -184,6 +184,7 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
                 job = pending.pop(future)
                 result = future.result()
                 store.save(job.name, result)
+                done_jobs = sum(j.name in store.loaded for j in jobs)
                 print(f"{job.name} done in {result['wall_s']:.0f} s "
-                      f"({len(store.loaded)}/{len(jobs)} jobs)", flush=True)
+                      f"({done_jobs}/{len(jobs)} jobs)", flush=True)
                 on_done()
