@@ -1,5 +1,5 @@
 """The picture of ``bench convergence``: validation curves (median and 10-90% band over seeds per
-mode) beside the paired ratios with their 90% intervals."""
+mode), iterations to target per seed, and the paired ratios with their 90% intervals."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,6 +34,60 @@ def plot_planner_choices(ax, choices: dict[str, list[list[int]]]) -> None:
     ax.legend(fontsize=8)
 
 
+def plot_curves(ax, result: dict) -> None:
+    """Median and 10-90% band per mode up to the budget, where every seed has run; each seed's
+    own curve, thin, as far as it ran (runs stop once past the budget and at the target)."""
+    budget = result.get("budget") or result["iterations"]
+    for i, (mode, curves) in enumerate(result["val_curves"].items()):
+        for curve in curves:
+            ax.plot(*zip(*curve), color=f"C{i}", lw=0.6, alpha=0.35)
+        xs, mid, lo, hi = curve_band([[p for p in c if p[0] <= budget] for c in curves])
+        ax.plot(xs, mid, marker="o", ms=3, color=f"C{i}", label=f"{mode} (median)")
+        ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.15)
+    ax.axhline(result["target"], color="grey", ls="--", lw=1, label="target")
+    ax.axvline(budget, color="grey", ls=":", lw=1)
+    ax.set(xlabel="iterations trained", ylabel="validation reward",
+           title=f"validation, {result['seeds']} paired seeds (band 10-90% to the budget)")
+    ax.legend(fontsize=8)
+
+
+def plot_iterations(ax, result: dict) -> None:
+    """Iterations to the target per seed and mode (x: never reached within the cap)."""
+    never = result["iterations"] + result["validation_every"]
+    for i, (mode, its) in enumerate(result["iterations_to_target"].items()):
+        jitter = np.linspace(-0.15, 0.15, len(its)) if len(its) > 1 else [0.0]
+        reached = [(i + j, x) for j, x in zip(jitter, its) if x is not None]
+        if reached:
+            ax.scatter(*zip(*reached), color=f"C{i}", s=18)
+            ax.hlines(np.median([x if x is not None else never for x in its]), i - 0.3, i + 0.3,
+                      color=f"C{i}", lw=2)
+        missed = [i + j for j, x in zip(jitter, its) if x is None]
+        ax.scatter(missed, [never] * len(missed), color=f"C{i}", marker="x", s=24)
+    modes = list(result["iterations_to_target"])
+    ax.set_xticks(range(len(modes)), modes)
+    ax.set(ylabel="iterations to target", ylim=(0, never + 2),
+           title="per seed (bar: median; x: never, at the cap)")
+
+
+def plot_ratios(ax, result: dict) -> None:
+    shown = [(label, result[key]) for key, label in RATIOS
+             if result.get(key) and result[key]["median"] is not None]
+    for y, (label, ratio) in enumerate(shown):
+        lo, hi = ratio["ci90"]
+        ax.errorbar([ratio["median"]], [y], xerr=[[ratio["median"] - lo], [hi - ratio["median"]]],
+                    fmt="o", color="C0", capsize=4)
+        ax.scatter(ratio["per_seed"], [y] * len(ratio["per_seed"]), s=10, color="grey",
+                   alpha=0.6, zorder=0)
+    ax.axvline(1.0, color="grey", lw=1)
+    ax.set_yticks(range(len(shown)), [label for label, _ in shown])
+    ax.set(xlabel="paired ratio (median, 90% bootstrap interval; dots: seeds)",
+           title="speed-ups and staleness cost")
+    ax.set_xscale("log")
+    ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16) if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+
+
 def plot_convergence(result: dict, path: Path) -> Path:
     import matplotlib
 
@@ -41,31 +95,14 @@ def plot_convergence(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     choices = {m: c for m, c in result.get("planner_choices", {}).items() if c}
-    fig, axes = plt.subplots(1, 3 if choices else 2, figsize=(17 if choices else 12, 4.2))
-    left, right = axes[0], axes[1]
+    panels = 4 if choices else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5.6 * panels, 4.4),
+                             gridspec_kw={"width_ratios": [3, 2, 3] + ([3] if choices else [])})
+    plot_curves(axes[0], result)
+    plot_iterations(axes[1], result)
+    plot_ratios(axes[2], result)
     if choices:
-        plot_planner_choices(axes[2], choices)
-    for i, (mode, curves) in enumerate(result["val_curves"].items()):
-        xs, mid, lo, hi = curve_band(curves)
-        left.plot(xs, mid, marker="o", ms=3, color=f"C{i}", label=f"{mode} (median)")
-        left.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.15)
-    left.axhline(result["target"], color="grey", ls="--", lw=1, label="target")
-    left.set(xlabel="iterations trained", ylabel="validation reward",
-             title=f"validation reward, {result['seeds']} paired seeds (band: 10-90%)")
-    left.legend(fontsize=8)
-    shown = [(label, result[key]) for key, label in RATIOS
-             if result.get(key) and result[key]["median"] is not None]
-    for y, (label, ratio) in enumerate(shown):
-        lo, hi = ratio["ci90"]
-        right.errorbar([ratio["median"]], [y], xerr=[[ratio["median"] - lo], [hi - ratio["median"]]],
-                       fmt="o", color="C0", capsize=4)
-        right.scatter(ratio["per_seed"], [y] * len(ratio["per_seed"]), s=10, color="grey",
-                      alpha=0.6, zorder=0)
-    right.axvline(1.0, color="grey", lw=1)
-    right.set_yticks(range(len(shown)), [label for label, _ in shown])
-    right.set(xlabel="paired ratio (median, 90% bootstrap interval; dots: seeds)",
-              title="speed-ups and staleness cost")
-    right.set_xscale("log")
+        plot_planner_choices(axes[3], choices)
     fig.suptitle(f"bench convergence: {result['task']}, to the target {result['target']:.3f} "
                  f"(at most {result['iterations']} iterations)")
     fig.tight_layout()
