@@ -69,7 +69,7 @@ def _cached_copy(url: str, what: str, check: FolderCheck | None) -> Path:
         fs.get(path.rstrip("/") + "/", str(copying), recursive=True)
         if check is not None:
             check(copying, url)
-        sums = {str(p.relative_to(copying)): {"sha256": _sha256(p), "size": p.stat().st_size}
+        sums = {str(p.relative_to(copying)): {"sha256": file_sha256(p), "size": p.stat().st_size}
                 for p in sorted(copying.rglob("*")) if p.is_file()}
         (copying / CHECKSUMS).write_text(json.dumps({"url": url, "files": sums}, indent=1))
     except BaseException:
@@ -89,7 +89,8 @@ def _verify(folder: Path, url: str) -> None:
                                "delete that folder and run again to copy it afresh")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -10,7 +10,6 @@ iteration; time per iteration is measured on the cluster separately.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ import numpy as np
 
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
+from spotlight.staging import file_sha256
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def by_contents(value):
     if isinstance(value, list):
         return [by_contents(v) for v in value]
     if isinstance(value, str) and value and os.path.isfile(value):
-        return "sha256:" + hashlib.sha256(Path(value).read_bytes()).hexdigest()
+        return "sha256:" + file_sha256(Path(value))
     return value
 
 

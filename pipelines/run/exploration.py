@@ -24,6 +24,7 @@ from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
 from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration.selection import random_group_std
 from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,
                                             audit_picks, grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_window_s
@@ -342,8 +343,7 @@ class Exploration:
         if record is None or stale is None or not stale["tasks"]:
             return
         group = self.config.grpo.group_size
-        random_std = float(np.mean([np.std(r[:group]) for r in stale["rewards"] if len(r) >= 2]
-                                   or [0.0]))
+        random_std = random_group_std(stale["rewards"], group)
         actual = sum(t["end"] - t["start"] for t in stale["tasks"])
         plan = record.as_plan
         window = self._window_history(k, last=1)   # iteration k-1's: it explored k

@@ -29,6 +29,7 @@ from pipelines.run.exploration import explore_requests, random_selection
 from pipelines.run.rollout import rollout_task
 from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration.selection import random_group_std
 from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due, audit_picks,
                                             grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, plan_cost
@@ -190,8 +191,7 @@ class Harness:
         if self.planner is None or plan is None or not stale or not any(s for s, _ in stale):
             return
         group, model = self.config.grpo.group_size, self.time_model
-        random_std = float(np.mean([np.std(r[:group]) for _, r in stale if len(r) >= 2]
-                                   or [0.0]))
+        random_std = random_group_std([r for _, r in stale], group)
         self.planner.record(plan, model.explore_s(plan), float(np.mean(adv["group_std"])),
                             random_std, model.window_s * model.spot_slots)
 

@@ -32,6 +32,14 @@ def max_variance_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np
     return np.sort(best)
 
 
+def random_group_std(rewards_per_prompt, group: int) -> float:
+    """The mean within-prompt reward std of ``group`` seeds taken as they come (the first
+    ``group`` candidates of each prompt): what random seeds would have given, the planner's
+    baseline for the spread a selection buys."""
+    return float(np.mean([np.std(r[:group]) for r in rewards_per_prompt if len(r) >= 2]
+                         or [0.0]))
+
+
 def fill_seeds(chosen: np.ndarray, size: int, fresh: np.ndarray) -> tuple[np.ndarray, int]:
     """Top up ``chosen`` seeds to ``size`` from ``fresh`` ones (skipping duplicates).
 
