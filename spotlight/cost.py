@@ -163,6 +163,7 @@ class CostLedger:
         self.prices = None if prices is None else dict(prices)
         self.intervals: list[dict] = []   # {"worker", "worker_class", "start", "end" (None: alive)}
         self._alive: dict[str, dict] = {}
+        self._last_end: dict[str, float] = {}   # when each worker last left (no time travel)
 
     def worker_joined(self, name: str, worker_class: str, t: float) -> None:
         t = _check_time(f"worker_joined({name!r}) t", t)
@@ -175,10 +176,10 @@ class CostLedger:
                 raise ValueError(f"worker '{name}' is alive as '{alive['worker_class']}' and "
                                  f"cannot join again as '{worker_class}'")
             return
-        ended = [iv["end"] for iv in self.intervals if iv["worker"] == name]
-        if ended and t < max(ended):
+        ended = self._last_end.get(name)
+        if ended is not None and t < ended:
             raise ValueError(f"worker '{name}' rejoins at t={t} before it last left "
-                             f"(t={max(ended)}); times must not go backwards")
+                             f"(t={ended}); times must not go backwards")
         interval = {"worker": name, "worker_class": worker_class, "start": t, "end": None}
         self.intervals.append(interval)
         self._alive[name] = interval
@@ -193,6 +194,7 @@ class CostLedger:
             raise ValueError(f"worker '{name}' left at t={t}, before it joined at "
                              f"t={interval['start']}")
         interval["end"] = t
+        self._last_end[name] = t
         del self._alive[name]
 
     def alive_workers(self) -> list[str]:

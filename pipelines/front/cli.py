@@ -155,10 +155,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["rounds"] = args.rounds
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
-    if args.set and args.name not in ("convergence", "overhead", "preemption"):
-        print("error: --set applies to 'bench convergence', 'overhead' and 'preemption'; the "
-              "other benchmarks measure their documented settings", file=sys.stderr)
+    if args.set and args.name not in ("convergence", "overhead", "preemption", "simulate"):
+        print("error: --set applies to 'bench convergence', 'overhead', 'preemption' and "
+              "'simulate'; the other benchmarks measure their documented settings",
+              file=sys.stderr)
         return 2
+    if args.run:
+        if args.name != "simulate":
+            print("error: --run applies to 'bench simulate' only", file=sys.stderr)
+            return 2
+        options["runs"] = list(args.run)
     if args.modes and args.name != "convergence":
         print("error: --modes applies to 'bench convergence' only", file=sys.stderr)
         return 2
@@ -284,7 +290,11 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, metavar="R",
                    help="overhead: rounds of runs, each order reversed from the last (default 3)")
     p.add_argument("--trace", default=None, metavar="PATH",
-                   help="preemption: spot trace to replay (default: the shipped g4dn events)")
+                   help="preemption, simulate: spot trace to replay (default: the shipped g4dn "
+                        "events)")
+    p.add_argument("--run", action="append", metavar="URL",
+                   help="simulate: validate against this measured run (repeatable; default: "
+                        "run the digits world on the embedded cluster first)")
     p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",
                    help="preemption: wall seconds per trace second (default: drops about "
                         "8 s apart)")

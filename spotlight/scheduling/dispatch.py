@@ -23,141 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from spotlight.scheduling.dispatch_events import (  # noqa: F401  (re-exported)
+    WorkerJoined, NoticeReceived, WorkerLost, RequestSubmitted, RequestProgressed, RequestDone,
+    RequestPreempted, ResultLost, Tick, StageClosed, Assign, Cancel, Requeued, Retired,
+    Starved, GaveUp, Ignored, Event, Action)
 from spotlight.scheduling.offload import SpeedBook, planned_takers, straggler
-
-
-# --- events -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class WorkerJoined:
-    worker: str
-    slots: int = 1
-    cls: str = "spot"   # worker class (gpu = on-demand, spot): for offload decisions
-
-
-@dataclass(frozen=True)
-class NoticeReceived:
-    """The worker will be preempted: it takes nothing new and hands back what it runs."""
-
-    worker: str
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class WorkerLost:
-    worker: str
-
-
-@dataclass(frozen=True)
-class RequestSubmitted:
-    request: str
-
-
-@dataclass(frozen=True)
-class RequestProgressed:
-    request: str
-    step: int   # the newest committed denoising step
-
-
-@dataclass(frozen=True)
-class RequestDone:
-    request: str
-    attempt: int
-    seconds: float | None = None   # how long the attempt ran: the worker's measured speed
-
-
-@dataclass(frozen=True)
-class RequestPreempted:
-    """An attempt stopped at a step boundary after a notice, its latents committed."""
-
-    request: str
-    attempt: int
-    step: int
-
-
-@dataclass(frozen=True)
-class ResultLost:
-    """An attempt finished but its result could not be fetched; ``worker_alive`` says whether
-    its worker is still in the cluster (if not, the result went with it)."""
-
-    request: str
-    attempt: int
-    worker: str
-    worker_alive: bool
-    step: int = 0   # the request's committed step in the run store
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passes (the glue's clock, in seconds): starvation may have lasted too long.
-    ``arriving``: workers that joined the cluster and are still loading weights (not starved
-    while they come)."""
-
-    now: float
-    arriving: int = 0
-
-
-@dataclass(frozen=True)
-class StageClosed:
-    """The deadline (or the caller) ends the stage: nothing more runs."""
-
-
-Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestProgressed
-         | RequestDone | RequestPreempted | ResultLost | Tick | StageClosed)
-
-
-# --- actions ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Assign:
-    request: str
-    worker: str
-    attempt: int
-    resume_step: int   # committed steps the attempt can skip (0 = from the initial noise)
-
-
-@dataclass(frozen=True)
-class Cancel:
-    request: str
-    worker: str
-    attempt: int
-
-
-@dataclass(frozen=True)
-class Requeued:
-    request: str
-    worker: str
-    step: int
-    hard: bool   # True: the worker vanished; False: handed back after a notice
-
-
-@dataclass(frozen=True)
-class Retired:
-    """A noticed worker has nothing in flight any more: it may leave."""
-
-    worker: str
-
-
-@dataclass(frozen=True)
-class Starved:
-    """Requests wait and no worker can take them (every spot worker is gone or leaving)."""
-
-    waiting: int
-
-
-@dataclass(frozen=True)
-class GaveUp:
-    """Requests waited ``waited_s`` with no worker to take them: the stage closed without them."""
-
-    waited_s: float
-    waiting: int
-
-
-@dataclass(frozen=True)
-class Ignored:
-    event: object
-    reason: str
-
-
-Action = Assign | Cancel | Requeued | Retired | Starved | GaveUp | Ignored
 
 
 # --- state --------------------------------------------------------------------------------------
@@ -233,6 +103,12 @@ class Dispatcher:
         self.requests: dict[str, Request] = {}
         self.workers: dict[str, Worker] = {}
         self.queue: deque[str] = deque()
+        # Indexes kept in step with the workers' states, so that a busy stage on hundreds of
+        # workers does not scan them all at every event: who has a free slot, who drains, and
+        # each worker's join order (the order workers pull in).
+        self._with_room: set[str] = set()
+        self._draining: set[str] = set()
+        self._order: dict[str, int] = {}
         self.closed = False
         self.no_worker_wait_s = no_worker_wait_s
         self._starved = False
@@ -268,6 +144,8 @@ class Dispatcher:
         if known is not None and known.state is not WorkerState.GONE:
             return [Ignored(event, f"worker {event.worker} is already known ({known.state.value})")]
         self.workers[event.worker] = Worker(event.worker, event.slots, event.cls)
+        self._order.setdefault(event.worker, len(self._order))
+        self._refresh(self.workers[event.worker])
         self.speeds.joined(event.worker, event.cls)
         return []
 
@@ -279,6 +157,8 @@ class Dispatcher:
         if worker.state is not WorkerState.ACTIVE:
             return [Ignored(event, f"worker {event.worker} is already {worker.state.value}")]
         worker.state = WorkerState.DRAINING
+        self._draining.add(worker.name)
+        self._refresh(worker)
         return self._retire_drained()
 
     def _on_WorkerLost(self, event: WorkerLost) -> list[Action]:
@@ -286,6 +166,8 @@ class Dispatcher:
         if worker is None or worker.state is WorkerState.GONE:
             return [Ignored(event, f"worker {event.worker!r} was not active")]
         worker.state = WorkerState.GONE
+        self._draining.discard(worker.name)
+        self._refresh(worker)
         actions: list[Action] = []
         for name in sorted(worker.running, reverse=True):   # front of the queue, stable order
             request = self.requests[name]
@@ -411,14 +293,28 @@ class Dispatcher:
         worker = self.workers.get(worker_name)
         if worker is not None:
             worker.running.discard(request.name)
+            self._refresh(worker)
 
     def _retire_drained(self) -> list[Action]:
         out: list[Action] = []
-        for worker in self.workers.values():
-            if worker.state is WorkerState.DRAINING and not worker.running:
+        for name in self._in_order(self._draining):
+            worker = self.workers[name]
+            if not worker.running:
                 worker.state = WorkerState.GONE
+                self._draining.discard(name)
                 out.append(Retired(worker.name))
         return out
+
+    def _in_order(self, names: set[str]) -> list[str]:
+        """``names`` in the order their workers joined (the order of ``self.workers``)."""
+        return sorted(names, key=self._order.__getitem__)
+
+    def _refresh(self, worker: Worker) -> None:
+        """Keep the free-slot index in step with ``worker``'s state and running set."""
+        if worker.free > 0:
+            self._with_room.add(worker.name)
+        else:
+            self._with_room.discard(worker.name)
 
     def _fill_slots(self) -> list[Action]:
         """Hand queued requests to workers with room, one per worker per round: pull order."""
@@ -443,13 +339,14 @@ class Dispatcher:
         request.live[request.attempt] = worker.name
         request.started[request.attempt] = self.now
         worker.running.add(request.name)
+        self._refresh(worker)
         worker.assigned += 1
         return Assign(request.name, worker.name, request.attempt, request.committed_step)
 
     def _takers(self) -> list[Worker]:
         """Workers with a free slot that should pull now (with offload: those the
         earliest-finish plan of the queue uses)."""
-        free = [w for w in self.workers.values() if w.free > 0]
+        free = [self.workers[n] for n in self._in_order(self._with_room)]
         if self.offload is None or not free:
             return free
         active = [w for w in self.workers.values() if w.state is WorkerState.ACTIVE]
@@ -470,22 +367,30 @@ class Dispatcher:
         """Idle workers of the speculating classes re-run the request expected to end last,
         when they would clearly finish it sooner (one twin per request)."""
         actions: list[Action] = []
-        for worker in self.workers.values():
-            if worker.free <= 0 or worker.cls not in self.offload.speculate_on:
-                continue
+        idle = [self.workers[n] for n in self._in_order(self._with_room)
+                if self.workers[n].cls in self.offload.speculate_on]
+        if not idle:
+            return actions
+        # Requests with one running attempt, latest expected end first (ties by name, as
+        # ``straggler`` breaks them): computed once, not once per idle worker.
+        single = []
+        for request in self.requests.values():
+            if request.state is RequestState.RUNNING and len(request.live) == 1:
+                (attempt, on), = request.live.items()
+                per = self.speeds.estimate(on)
+                if per is not None:
+                    single.append((-(request.started[attempt] + per), request.name, on))
+        single.sort()
+        for worker in idle:
             mine = self.speeds.estimate(worker.name)
-            if mine is None:
+            if worker.free <= 0 or mine is None:
                 continue
-            running = {}
-            for request in self.requests.values():
-                if request.state is RequestState.RUNNING and len(request.live) == 1 and \
-                        worker.name not in request.live.values():
-                    (attempt, on), = request.live.items()
-                    per = self.speeds.estimate(on)
-                    if per is not None:
-                        running[request.name] = request.started[attempt] + per
-            chosen = straggler(running, self.now + mine, self.offload.margin_s)
+            latest = next((entry for entry in single if entry[2] != worker.name), None)
+            if latest is None:
+                continue
+            chosen = straggler({latest[1]: -latest[0]}, self.now + mine, self.offload.margin_s)
             if chosen is not None:
+                single.remove(latest)
                 actions.append(self._start(self.requests[chosen], worker))
         return actions
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 
 @dataclass
@@ -29,9 +29,13 @@ class SpeedBook:
     weight: float = 0.5   # of the newest observation
     seconds: dict[str, float] = field(default_factory=dict)
     classes: dict[str, str] = field(default_factory=dict)
+    # Class means, worked out once after each change: estimates are asked for every worker at
+    # every event, observations come once per finished request.
+    _means: dict[str | None, float | None] = field(default_factory=dict, repr=False)
 
     def joined(self, worker: str, cls: str) -> None:
         self.classes[worker] = cls
+        self._means.clear()
 
     def observe(self, worker: str, seconds: float) -> None:
         if seconds < 0:
@@ -39,31 +43,41 @@ class SpeedBook:
         old = self.seconds.get(worker)
         self.seconds[worker] = seconds if old is None else \
             (1 - self.weight) * old + self.weight * seconds
+        self._means.clear()
 
     def estimate(self, worker: str) -> float | None:
         """The worker's own average, else its class's mean, else everyone's, else None."""
         if worker in self.seconds:
             return self.seconds[worker]
         cls = self.classes.get(worker)
-        same = [s for w, s in self.seconds.items() if self.classes.get(w) == cls]
-        known = same or list(self.seconds.values())
-        return sum(known) / len(known) if known else None
+        if cls not in self._means:
+            same = [s for w, s in self.seconds.items() if self.classes.get(w) == cls]
+            known = same or list(self.seconds.values())
+            self._means[cls] = sum(known) / len(known) if known else None
+        return self._means[cls]
 
 
 def eft_plan(ready_at: Mapping[str, list[float]], per_request: Mapping[str, float],
-             queued: int) -> Counter:
+             queued: int, until_each_of: Collection[str] = ()) -> Counter:
     """How many of ``queued`` equal requests each worker gets when each one goes, in turn, to
     the slot that would finish it first. ``ready_at``: per worker, when each of its slots is
-    free (now for a free slot); ``per_request``: its seconds per request."""
+    free (now for a free slot); ``per_request``: its seconds per request. With
+    ``until_each_of``, planning stops once each of those workers has a request (a caller that
+    asks only which of them get one need not plan a long queue to its end)."""
     heap = [(ready + per_request[w], w, i) for w, slots in ready_at.items()
             for i, ready in enumerate(slots)]
     heapq.heapify(heap)
     plan: Counter = Counter()
+    waiting = set(until_each_of)
     for _ in range(queued):
         if not heap:
             break
         finish, worker, slot = heapq.heappop(heap)
         plan[worker] += 1
+        if waiting:
+            waiting.discard(worker)
+            if not waiting:
+                break
         heapq.heappush(heap, (finish + per_request[worker], worker, slot))
     return plan
 
@@ -75,7 +89,7 @@ def planned_takers(free: list[str], ready_at: Mapping[str, list[float]],
     if any(per_request.get(w) is None for w in ready_at):
         return list(free)
     plan = eft_plan(ready_at, {w: float(s) for w, s in per_request.items() if s is not None},
-                    queued)
+                    queued, until_each_of=free)
     return [w for w in free if plan[w] > 0]
 
 

@@ -1,0 +1,110 @@
+"""Validation: replay a measured run's iterations through the simulator and compare the times.
+
+A run store records every task of every iteration (stage, worker, start, end). The replay
+feeds those recorded durations, the run's worker counts and its mode into the simulator's own
+machinery -- request stages under the real dispatcher, training as a span on the on-demand
+worker, stale exploration on the spot worker from the iteration's start (or the training's)
+until the deadline -- and sums the critical path. What the replay leaves out is what a
+simulator at paper scale leaves out too: the driver's own seconds between tasks (Dask round
+trips, selecting seeds, writing the manifest), and validation, which is not a task (validated
+iterations are therefore not compared, nor the first, which warms the workers up).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from spotlight.cost import CostLedger
+from spotlight.sim.clock import Clock
+from spotlight.sim.config import SimConfig
+from spotlight.sim.fleet import Fleet
+from spotlight.sim.stage import RequestStage, Work
+
+REQUEST_STAGES = ("rollout", "explore-sync")   # on the critical path, pulled by workers
+STALE_STAGES = ("explore", "audit")            # stale exploration beside it, on spot workers
+
+
+@dataclass(frozen=True)
+class RecordedIteration:
+    """One iteration of a measured run: its wall time and its tasks (run store records)."""
+
+    wall_s: float
+    validated: bool
+    tasks: tuple[dict, ...]
+
+
+def worker_class(worker: str) -> str:
+    """The embedded cluster names its workers ``gpu-N`` and ``spot-N``."""
+    return "spot" if str(worker).startswith("spot") else "gpu"
+
+
+def _work(tasks: list[dict]) -> list[Work]:
+    return [Work(f"{t['stage']}-{i}", int(t.get("samples") or 1), int(t.get("steps") or 1),
+                 seconds=max(float(t["end"]) - float(t["start"]), 0.0))
+            for i, t in enumerate(sorted(tasks, key=lambda t: t["start"]))]
+
+
+def _segments(tasks: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The critical path's tasks in order, consecutive tasks of one stage together."""
+    out: list[tuple[str, list[dict]]] = []
+    for task in sorted(tasks, key=lambda t: t["start"]):
+        if out and out[-1][0] == task["stage"]:
+            out[-1][1].append(task)
+        else:
+            out.append((task["stage"], [task]))
+    return out
+
+
+def replay_iteration(iteration: RecordedIteration, *, gpu_workers: int, spot_workers: int,
+                     window: str = "iteration", deadline: bool = True) -> float:
+    """Simulated seconds of one recorded iteration."""
+    config = SimConfig(name="replay", systems=["spotlight"]).with_values({
+        "cluster.ondemand_gpus": gpu_workers, "cluster.gpus_per_spot_instance": 1,
+        "cluster.spot_ratio": spot_workers / gpu_workers, "timing.resume_s": 0.0})
+    clock = Clock(horizon_s=1e9)
+    fleet = Fleet(clock, config, spot=spot_workers > 0, elastic=True,
+                  ledger=CostLedger(), trace=None)
+    tasks = list(iteration.tasks)
+    stale = [t for t in tasks if t["stage"] in STALE_STAGES]
+    chain = [t for t in tasks if t["stage"] not in STALE_STAGES
+             and (worker_class(t["worker"]) == "gpu" or t["stage"] in REQUEST_STAGES)]
+    exploration: RequestStage | None = None
+
+    def start_exploration(until: float | None) -> RequestStage:
+        return RequestStage(clock, fleet, config.timing, _work(stale), classes=("spot",),
+                            commit_steps=True, deadline=until, name="explore")
+
+    if stale and window == "iteration":
+        exploration = start_exploration(None)
+    for stage, group in _segments(chain):
+        if stage in REQUEST_STAGES:
+            classes = tuple(sorted({worker_class(t["worker"]) for t in group}))
+            RequestStage(clock, fleet, config.timing, _work(group), classes=classes,
+                         commit_steps=True, name=stage).run()
+            continue
+        seconds = max(float(t["end"]) - float(t["start"]) for t in group)
+        if stage == "train" and stale and window == "train":
+            exploration = start_exploration(clock.now + seconds if deadline else None)
+        if stage == "train" and exploration is not None and deadline:
+            clock.at(clock.now + seconds, exploration.close)
+        clock.advance_to(clock.now + seconds)
+    if exploration is not None and not deadline:
+        exploration.run()
+    return clock.now
+
+
+def validate_replay(iterations: list[RecordedIteration], **options) -> dict:
+    """Mean measured and simulated iteration seconds over the iterations that ran no
+    validation, after the first (which warms the workers: weights loaded, kernels chosen),
+    and the relative error of the simulated mean."""
+    compared = [it for it in iterations[1:] if not it.validated]
+    if not compared:
+        raise ValueError("the run has no iteration without validation to compare; run more "
+                         "iterations (validation.every > 1)")
+    measured = [it.wall_s for it in compared]
+    simulated = [replay_iteration(it, **options) for it in compared]
+    mean_m, mean_s = float(np.mean(measured)), float(np.mean(simulated))
+    return {"measured_s": mean_m, "simulated_s": mean_s,
+            "error": abs(mean_s - mean_m) / mean_m, "iterations": len(compared),
+            "per_iteration": [[m, s] for m, s in zip(measured, simulated)]}
