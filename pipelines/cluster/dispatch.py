@@ -11,6 +11,8 @@ it cannot pile resource-restricted tasks onto one worker.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 import time
 import uuid
@@ -22,7 +24,7 @@ from pipelines.cluster.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored, Offload,
                                            NoticeReceived, RequestDone, RequestPreempted,
-                                           RequestProgressed, RequestState, RequestSubmitted,
+                                           RequestProgressed, RequestState, RequestsSubmitted,
                                            Requeued, ResultLost, Retired, StageClosed, Starved,
                                            Tick, WorkerJoined, WorkerLost, WorkerState)
 
@@ -84,6 +86,8 @@ class RequestPool:
         self.dispatcher = Dispatcher(no_worker_wait_s=config.no_spot_wait_s, offload=offload)
         self.results: dict[str, dict] = {}
         self.log: list[dict] = []          # every move of a request or worker, with its time
+        self.events: list[dict] = [offload_record(offload)]   # the dispatcher's stimuli
+        self._pending_tick: dict | None = None
         self.error: BaseException | None = None
         self.gave_up: str | None = None    # why the pool stopped before every request finished
         # future -> request, attempt, worker, when it was submitted (monotonic)
@@ -108,8 +112,7 @@ class RequestPool:
         # "no spot worker left" while every spot worker is alive.
         self._sync_workers()
         self._starting = False
-        for name in self.specs:
-            self._apply(self.dispatcher.handle(RequestSubmitted(name)))
+        self._apply(self._handle(RequestsSubmitted(tuple(self.specs))))
         self._thread.start()
 
     def __len__(self) -> int:
@@ -128,7 +131,7 @@ class RequestPool:
         self._stop.set()
         self._thread.join()
         with self._lock:
-            self._apply(self.dispatcher.handle(StageClosed()))
+            self._apply(self._handle(StageClosed()))
         if self.error is not None:
             raise self.error
         return dict(self.results)
@@ -176,8 +179,8 @@ class RequestPool:
                 with self._lock:
                     for future in done:
                         self._settle(future)
-                    self._apply(self.dispatcher.handle(Tick(time.monotonic(),
-                                                            arriving=len(self._warming))))
+                    self._apply(self._tick(Tick(time.monotonic(),
+                                                arriving=len(self._warming))))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             self.error = exc
         finally:
@@ -212,14 +215,14 @@ class RequestPool:
         self._addresses[addr] = str(info.get("name", addr))
         cls = _worker_class(info, self.resources)
         slots = int(info["resources"][cls])
-        self._apply(self.dispatcher.handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
+        self._apply(self._handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
 
     def _lose(self, addr: str) -> None:
         """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
         self._note("worker_lost", worker=self._addresses[addr])
         self._report_progress(addr)
         self._drop_attempts_on(addr)
-        self._apply(self.dispatcher.handle(WorkerLost(addr)))
+        self._apply(self._handle(WorkerLost(addr)))
         del self._addresses[addr]
 
     def _report_progress(self, addr: str) -> None:
@@ -227,7 +230,7 @@ class RequestPool:
         run store), so their next attempts resume from there."""
         state = self.dispatcher.workers.get(addr)
         for request in sorted(state.running if state is not None else ()):
-            self._apply(self.dispatcher.handle(RequestProgressed(request,
+            self._apply(self._handle(RequestProgressed(request,
                                                                  self._committed(request)[0])))
 
     def _drop_attempts_on(self, addr: str) -> None:
@@ -249,7 +252,7 @@ class RequestPool:
                 warming[0].cancel()
                 self._noticed.add(notice["worker"])
                 continue
-            self._apply(self.dispatcher.handle(NoticeReceived(notice["worker"],
+            self._apply(self._handle(NoticeReceived(notice["worker"],
                                                               notice.get("source", ""))))
 
     def _settle(self, future) -> None:
@@ -280,7 +283,7 @@ class RequestPool:
                 self._report_progress(worker)
                 self._drop_attempts_on(worker)
                 del self._addresses[worker]
-            self._apply(self.dispatcher.handle(
+            self._apply(self._handle(
                 ResultLost(request, attempt, worker, alive, self._committed(request)[0])))
             return
         if out.get("preempted"):
@@ -288,15 +291,37 @@ class RequestPool:
             # arrives here: drain it first, or the request would be handed straight back to it.
             state = self.dispatcher.workers.get(worker)
             if state is not None and state.state is WorkerState.ACTIVE:
-                self._apply(self.dispatcher.handle(NoticeReceived(worker, "hand-back")))
+                self._apply(self._handle(NoticeReceived(worker, "hand-back")))
             self._note("handed_back", request=request, attempt=attempt,
                        worker=self._addresses.get(worker, worker), step=out["step"],
                        computed_step=out.get("computed_step", out["step"]))
-            self._apply(self.dispatcher.handle(RequestPreempted(request, attempt, out["step"])))
+            self._apply(self._handle(RequestPreempted(request, attempt, out["step"])))
             return
         self.results.setdefault(request, out)
-        self._apply(self.dispatcher.handle(RequestDone(request, attempt,
+        self._apply(self._handle(RequestDone(request, attempt,
                                                        time.monotonic() - submitted)))
+
+    # -- the dispatcher's stimuli ---------------------------------------------------------
+    def _handle(self, event) -> list:
+        """Hand ``event`` to the dispatcher and record it (workers by name), so that the same
+        event sequence can be replayed to the same decisions (``spotlight.sim.replay``)."""
+        if self._pending_tick is not None:   # time had passed: the dispatcher saw it first
+            self.events.append(self._pending_tick)
+            self._pending_tick = None
+        self.events.append(event_record(event, self._addresses))
+        return self.dispatcher.handle(event)
+
+    def _tick(self, tick: Tick) -> list:
+        """Ticks come every poll; one is recorded when it decides something, or as the last
+        tick before the next recorded event (what the dispatcher's clock read then)."""
+        actions = self.dispatcher.handle(tick)
+        record = event_record(tick, self._addresses)
+        if actions:
+            self.events.append(record)
+            self._pending_tick = None
+        else:
+            self._pending_tick = record
+        return actions
 
     # -- actions ---------------------------------------------------------------------------
     def _apply(self, actions: list) -> None:
@@ -353,6 +378,19 @@ class RequestPool:
 
     def _note(self, kind: str, **info: Any) -> None:
         self.log.append({"kind": kind, "at": time.time(), **info})
+
+
+def offload_record(offload: Offload | None) -> dict:
+    return {"event": "Offload", "offload": None if offload is None else
+            {"speculate_on": list(offload.speculate_on), "margin_s": offload.margin_s}}
+
+
+def event_record(event, names: dict[str, str]) -> dict:
+    """A dispatcher event as plain data, worker addresses replaced by worker names."""
+    fields = dataclasses.asdict(event)
+    if "worker" in fields:
+        fields["worker"] = names.get(fields["worker"], fields["worker"])
+    return {"event": type(event).__name__, **fields}
 
 
 def _worker_class(info: dict, classes: tuple[str, ...]) -> str | None:

@@ -186,7 +186,8 @@ class Exploration:
         if summary["preemptions_hard"] or summary["preemptions_graceful"] or summary["gave_up"]:
             self.run.emit("preemptions", stage=stage, summary=summary)
         return ([results[name] for name in sorted(results)],
-                summary["requests"] - summary["finished"], {"summary": summary, "log": pool.log})
+                summary["requests"] - summary["finished"],
+                {"summary": summary, "log": pool.log, "events": pool.events})
 
     # --- exploring and selecting ----------------------------------------------------------------
     def submit(self, iteration: int, version: int, stale: bool, candidates: int | None = None,

@@ -19,12 +19,14 @@ re-runs a straggler: two live attempts, the first to finish wins, losing one req
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 from spotlight.scheduling.dispatch_events import (  # noqa: F401  (re-exported)
-    WorkerJoined, NoticeReceived, WorkerLost, RequestSubmitted, RequestProgressed, RequestDone,
+    WorkerJoined, NoticeReceived, WorkerLost, RequestSubmitted, RequestsSubmitted,
+    RequestProgressed, RequestDone,
     RequestPreempted, ResultLost, Tick, StageClosed, Assign, Cancel, Requeued, Retired,
     Starved, GaveUp, Ignored, Event, Action)
 from spotlight.scheduling.offload import SpeedBook, planned_takers, straggler
@@ -109,6 +111,8 @@ class Dispatcher:
         self._with_room: set[str] = set()
         self._draining: set[str] = set()
         self._order: dict[str, int] = {}
+        self._active_slots = 0   # slots of ACTIVE workers
+        self._running: set[str] = set()   # requests with a live attempt (what may be twinned)
         self.closed = False
         self.no_worker_wait_s = no_worker_wait_s
         self._starved = False
@@ -144,6 +148,7 @@ class Dispatcher:
         if known is not None and known.state is not WorkerState.GONE:
             return [Ignored(event, f"worker {event.worker} is already known ({known.state.value})")]
         self.workers[event.worker] = Worker(event.worker, event.slots, event.cls)
+        self._active_slots += event.slots
         self._order.setdefault(event.worker, len(self._order))
         self._refresh(self.workers[event.worker])
         self.speeds.joined(event.worker, event.cls)
@@ -157,6 +162,7 @@ class Dispatcher:
         if worker.state is not WorkerState.ACTIVE:
             return [Ignored(event, f"worker {event.worker} is already {worker.state.value}")]
         worker.state = WorkerState.DRAINING
+        self._active_slots -= worker.slots
         self._draining.add(worker.name)
         self._refresh(worker)
         return self._retire_drained()
@@ -165,6 +171,8 @@ class Dispatcher:
         worker = self.workers.get(event.worker)
         if worker is None or worker.state is WorkerState.GONE:
             return [Ignored(event, f"worker {event.worker!r} was not active")]
+        if worker.state is WorkerState.ACTIVE:
+            self._active_slots -= worker.slots
         worker.state = WorkerState.GONE
         self._draining.discard(worker.name)
         self._refresh(worker)
@@ -186,6 +194,11 @@ class Dispatcher:
             raise ValueError(f"request {event.request!r} was submitted twice")
         self.requests[event.request] = Request(event.request)
         self.queue.append(event.request)
+        return []
+
+    def _on_RequestsSubmitted(self, event: RequestsSubmitted) -> list[Action]:
+        for name in event.requests:
+            self._on_RequestSubmitted(RequestSubmitted(name))
         return []
 
     def _on_RequestProgressed(self, event: RequestProgressed) -> list[Action]:
@@ -214,6 +227,7 @@ class Dispatcher:
         if request.name in self.queue:
             self.queue.remove(request.name)
         request.state = RequestState.DONE
+        self._running.discard(request.name)
         return actions + self._retire_drained()
 
     def _on_RequestPreempted(self, event: RequestPreempted) -> list[Action]:
@@ -273,12 +287,14 @@ class Dispatcher:
                 self._release(request)
             if request.state in (RequestState.RUNNING, RequestState.QUEUED):
                 request.state = RequestState.CANCELLED
+                self._running.discard(request.name)
         self.queue.clear()
         return actions
 
     # -- helpers ---------------------------------------------------------------------------
     def _requeue(self, request: Request) -> None:
         request.state = RequestState.QUEUED
+        self._running.discard(request.name)
         self.queue.appendleft(request.name)
 
     def _release(self, request: Request) -> None:
@@ -335,6 +351,7 @@ class Dispatcher:
 
     def _start(self, request: Request, worker: Worker) -> Assign:
         request.state = RequestState.RUNNING
+        self._running.add(request.name)
         request.attempt += 1
         request.live[request.attempt] = worker.name
         request.started[request.attempt] = self.now
@@ -347,21 +364,43 @@ class Dispatcher:
         """Workers with a free slot that should pull now (with offload: those the
         earliest-finish plan of the queue uses)."""
         free = [self.workers[n] for n in self._in_order(self._with_room)]
-        if self.offload is None or not free:
-            return free
+        if self.offload is None or not free or not self.speeds.seconds \
+                or self._queue_outlasts(free):
+            return free   # (nothing measured yet: no plan to make, every free worker pulls)
         active = [w for w in self.workers.values() if w.state is WorkerState.ACTIVE]
-        ready = {w.name: self._ready_times(w) for w in active}
         speeds = {w.name: self.speeds.estimate(w.name) for w in active}
+        ready = self._ready_times(active, speeds)
         chosen = set(planned_takers([w.name for w in free], ready, speeds, len(self.queue)))
         return [w for w in free if w.name in chosen]
 
-    def _ready_times(self, worker: Worker) -> list[float]:
-        """When each slot of ``worker`` is expected to be free (now, for a free slot)."""
-        per = self.speeds.estimate(worker.name) or 0.0
-        busy = [max(self.now, self.requests[r].started.get(a, self.now) + per)
-                for r in worker.running
-                for a, w in self.requests[r].live.items() if w == worker.name]
-        return sorted(busy) + [self.now] * (worker.slots - len(busy))
+    def _queue_outlasts(self, free: list[Worker]) -> bool:
+        """True when the earliest-finish plan surely gives every free worker a request: even
+        if every active slot were free now and ran at the fastest speed ever measured, it
+        could finish at most ``slots x floor(slowest free / fastest)`` requests by the time
+        the slowest free worker finishes its first -- fewer than wait. Exact, and it spares
+        planning the whole queue while most of a stage is still queued."""
+        known = self.speeds.seconds
+        estimates = [self.speeds.estimate(w.name) for w in free]
+        if not known or None in estimates:
+            return False
+        fastest = min(known.values())
+        if fastest <= 0:
+            return False
+        return len(self.queue) > self._active_slots * math.floor(max(estimates) / fastest)
+
+    def _ready_times(self, workers: list[Worker],
+                     speeds: dict[str, float | None]) -> dict[str, list[float]]:
+        """When each slot of each of ``workers`` is expected to be free (now, for a free
+        slot): one pass over the running attempts, not one per worker."""
+        busy: dict[str, list[float]] = {w.name: [] for w in workers}
+        for name in self._running:
+            request = self.requests[name]
+            for attempt, worker in request.live.items():
+                if worker in busy:
+                    busy[worker].append(max(self.now, request.started.get(attempt, self.now)
+                                            + (speeds[worker] or 0.0)))
+        return {w.name: sorted(busy[w.name]) + [self.now] * (w.slots - len(busy[w.name]))
+                for w in workers}
 
     def _speculate(self) -> list[Action]:
         """Idle workers of the speculating classes re-run the request expected to end last,
@@ -369,12 +408,16 @@ class Dispatcher:
         actions: list[Action] = []
         idle = [self.workers[n] for n in self._in_order(self._with_room)
                 if self.workers[n].cls in self.offload.speculate_on]
-        if not idle:
+        mines = [m for m in (self.speeds.estimate(w.name) for w in idle) if m is not None]
+        known = self.speeds.seconds
+        # A twin pays off only where a request's worker is slower than an idle one by more
+        # than the margin (it started no later than now); with no such pair, skip the scan.
+        if not mines or max(known.values()) <= min(mines) + self.offload.margin_s:
             return actions
         # Requests with one running attempt, latest expected end first (ties by name, as
         # ``straggler`` breaks them): computed once, not once per idle worker.
         single = []
-        for request in self.requests.values():
+        for request in (self.requests[name] for name in self._running):
             if request.state is RequestState.RUNNING and len(request.live) == 1:
                 (attempt, on), = request.live.items()
                 per = self.speeds.estimate(on)

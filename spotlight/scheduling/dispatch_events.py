@@ -33,6 +33,14 @@ class RequestSubmitted:
 
 
 @dataclass(frozen=True)
+class RequestsSubmitted:
+    """A stage's requests, queued in this order at once: the workers pull once, not once per
+    request (the same assignments while nothing is known of their speeds)."""
+
+    requests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RequestProgressed:
     request: str
     step: int   # the newest committed denoising step
@@ -81,7 +89,8 @@ class StageClosed:
     """The deadline (or the caller) ends the stage: nothing more runs."""
 
 
-Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestProgressed
+Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestsSubmitted
+         | RequestProgressed
          | RequestDone | RequestPreempted | ResultLost | Tick | StageClosed)
 
 

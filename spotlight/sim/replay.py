@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from spotlight.cost import CostLedger
+from spotlight.scheduling import dispatch_events
+from spotlight.scheduling.dispatch import Dispatcher, Offload
 from spotlight.sim.clock import Clock
 from spotlight.sim.config import SimConfig
 from spotlight.sim.fleet import Fleet
@@ -108,3 +110,24 @@ def validate_replay(iterations: list[RecordedIteration], **options) -> dict:
     return {"measured_s": mean_m, "simulated_s": mean_s,
             "error": abs(mean_s - mean_m) / mean_m, "iterations": len(compared),
             "per_iteration": [[m, s] for m, s in zip(measured, simulated)]}
+
+
+def replay_decisions(events: list[dict]) -> list[dict]:
+    """The assignments the dispatcher makes on a live pool's recorded event sequence
+    (``RequestPool.events``: its offload setting first, then every stimulus in order), in the
+    live log's terms: request, attempt, worker name, resume step."""
+    if not events or events[0].get("event") != "Offload":
+        raise ValueError("a recorded event sequence starts with the pool's offload setting; "
+                         "record it with RequestPool.events")
+    offload = events[0]["offload"]
+    dispatcher = Dispatcher(offload=None if offload is None else Offload(
+        speculate_on=tuple(offload["speculate_on"]), margin_s=offload["margin_s"]))
+    decided = []
+    for record in events[1:]:
+        fields = {k: v for k, v in record.items() if k != "event"}
+        event = getattr(dispatch_events, record["event"])(**fields)
+        for action in dispatcher.handle(event):
+            if isinstance(action, dispatch_events.Assign):
+                decided.append({"request": action.request, "attempt": action.attempt,
+                                "worker": action.worker, "resume_step": action.resume_step})
+    return decided

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, NoticeReceived, Offload,
                                            RequestDone, RequestPreempted, RequestProgressed,
-                                           RequestState, RequestSubmitted, StageClosed,
+                                           RequestState, RequestsSubmitted, StageClosed,
                                            WorkerJoined, WorkerLost)
 from spotlight.sim.clock import Clock
 from spotlight.sim.config import TimingConfig
@@ -85,8 +85,8 @@ class RequestStage:
         fleet.listeners.append(self)
         for unit in fleet.ready_units():
             self._join_later(unit, (join_after or {}).get(unit.cls, 0.0))
-        for w in work:
-            self._apply(self.dispatcher.handle(RequestSubmitted(w.name)))
+        if work:
+            self._apply(self.dispatcher.handle(RequestsSubmitted(tuple(w.name for w in work))))
         if deadline is not None:
             clock.at(deadline, self.close)
         if not work:

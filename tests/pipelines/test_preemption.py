@@ -14,6 +14,7 @@ from pipelines.cluster.injector import SpotFleet
 from pipelines.run.rollout import newcomer_warm_up
 from pipelines.front.session import Session
 from spotlight.config import load_config
+from spotlight.sim.replay import replay_decisions
 from storage import RunStore
 
 pytestmark = pytest.mark.timeout(600)
@@ -192,6 +193,13 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
     for k in (1,):   # every planned candidate was explored, however often workers died
         info = b.stage_record(f"iter-{k}/explore")["info"]
         assert info["explored"] == info["planned"] and info["requests_cancelled"] == 0
+    # The simulator's dispatcher, fed the event sequence this live pool recorded (joins, kills,
+    # notices, progress, results), makes the same assignments the live pool made.
+    live = b.get_json(tasks.stage_name(1, "explore"), "candidates")["dispatch"]
+    assigned = [{k: e[k] for k in ("request", "attempt", "worker", "resume_step")}
+                for e in live["log"] if e["kind"] == "assigned"]
+    assert len(assigned) > len({a["request"] for a in assigned})   # some request moved
+    assert replay_decisions(live["events"]) == assigned
 
 
 def test_a_trace_that_removes_every_spot_worker_says_so_and_falls_back_to_random_seeds(

@@ -152,3 +152,38 @@ def test_workers_still_loading_weights_keep_the_stage_from_giving_up():
     assert not [a for a in d.handle(Tick(30.0, arriving=1)) if isinstance(a, GaveUp)]
     d.handle(Tick(31.0))   # the newcomer vanished before it was ready: the clock starts over
     assert [a for a in d.handle(Tick(42.0)) if isinstance(a, GaveUp)] == [GaveUp(11.0, 1)]
+
+
+def test_the_long_queue_shortcut_makes_the_same_decisions_as_full_planning(monkeypatch):
+    """``Dispatcher._queue_outlasts`` skips planning the whole queue; on random stages with
+    workers of different speeds it must hand out exactly what full planning does."""
+    import random
+
+    from spotlight.scheduling.dispatch import (Dispatcher, Offload, RequestDone,
+                                               RequestSubmitted, Tick, WorkerJoined)
+
+    def run(seed: int, shortcut: bool) -> list:
+        rng = random.Random(seed)
+        d = Dispatcher(offload=Offload())
+        if not shortcut:
+            d._queue_outlasts = lambda free: False
+        out, now = [], 0.0
+        speeds = {f"w{i}": rng.choice([1.0, 1.5, 4.0, 9.0]) for i in range(rng.randint(2, 6))}
+        for name in speeds:
+            out += d.handle(WorkerJoined(name, rng.randint(1, 2), rng.choice(["gpu", "spot"])))
+        for r in range(rng.randint(5, 40)):
+            out += d.handle(RequestSubmitted(f"r{r}"))
+        while not d.finished and now < 1e4:
+            running = sorted((req.started[a] + speeds[w], req.name, a)
+                             for req in d.requests.values() for a, w in req.live.items())
+            if not running:
+                break
+            end, name, attempt = running[0]
+            now = end
+            out += d.handle(Tick(now))
+            worker = d.requests[name].live[attempt]
+            out += d.handle(RequestDone(name, attempt, speeds[worker]))
+        return out
+
+    for seed in range(150):
+        assert run(seed, shortcut=True) == run(seed, shortcut=False), seed

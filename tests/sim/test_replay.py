@@ -51,3 +51,26 @@ def test_validate_skips_the_warm_up_and_validated_iterations():
     assert check["error"] == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="no iteration without validation"):
         validate_replay(its[:1], gpu_workers=1, spot_workers=0)
+
+
+def test_a_recorded_event_sequence_replays_to_the_same_assignments():
+    from spotlight.sim.replay import replay_decisions
+
+    events = [{"event": "Offload", "offload": None},
+              {"event": "WorkerJoined", "worker": "spot-0", "slots": 1, "cls": "spot"},
+              {"event": "WorkerJoined", "worker": "spot-1", "slots": 1, "cls": "spot"},
+              {"event": "RequestSubmitted", "request": "a"},
+              {"event": "RequestSubmitted", "request": "b"},
+              {"event": "RequestSubmitted", "request": "c"},
+              {"event": "RequestProgressed", "request": "a", "step": 4},
+              {"event": "WorkerLost", "worker": "spot-0"},
+              {"event": "RequestDone", "request": "b", "attempt": 1, "seconds": 2.0}]
+    assert replay_decisions(events) == [
+        {"request": "a", "attempt": 1, "worker": "spot-0", "resume_step": 0},
+        {"request": "b", "attempt": 1, "worker": "spot-1", "resume_step": 0},
+        # spot-0 died with "a" at step 4: it goes back to the front of the queue, and the
+        # next free worker resumes it from there before "c".
+        {"request": "a", "attempt": 2, "worker": "spot-1", "resume_step": 4},
+    ]
+    with pytest.raises(ValueError, match="offload setting"):
+        replay_decisions(events[1:])
