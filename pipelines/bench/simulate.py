@@ -43,7 +43,13 @@ def recorded_run(url: str) -> tuple[list[RecordedIteration], dict]:
     from spotlight.config import from_stored
     from storage import RunStore
 
-    store = RunStore.open(url, create=False)
+    from storage.errors import NotCommittedError
+
+    try:
+        store = RunStore.open(url, create=False)
+    except NotCommittedError as exc:
+        raise ValueError(f"--run {url}: {exc}; give the URL of a run that a Session started "
+                         "(runs/<time>-<hash>)") from exc
     info = store.manifest.read().get("run", {})
     if "config" not in info:
         raise ValueError(f"--run {url}: no recorded config there; give the URL of a run that "
