@@ -11,8 +11,6 @@ it cannot pile resource-restricted tasks onto one worker.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import threading
 import time
 import uuid
@@ -22,6 +20,7 @@ from typing import Any, Callable
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC
 from spotlight.config import PreemptionConfig
+from spotlight.scheduling.dispatch_events import event_record
 from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored, Offload,
                                            NoticeReceived, RequestDone, RequestPreempted,
                                            RequestProgressed, RequestState, RequestsSubmitted,
@@ -230,8 +229,7 @@ class RequestPool:
         run store), so their next attempts resume from there."""
         state = self.dispatcher.workers.get(addr)
         for request in sorted(state.running if state is not None else ()):
-            self._apply(self._handle(RequestProgressed(request,
-                                                                 self._committed(request)[0])))
+            self._apply(self._handle(RequestProgressed(request, self._committed(request)[0])))
 
     def _drop_attempts_on(self, addr: str) -> None:
         """Forget the attempts pinned to a vanished worker: they can never finish (no other
@@ -253,7 +251,7 @@ class RequestPool:
                 self._noticed.add(notice["worker"])
                 continue
             self._apply(self._handle(NoticeReceived(notice["worker"],
-                                                              notice.get("source", ""))))
+                                                    notice.get("source", ""))))
 
     def _settle(self, future) -> None:
         entry = self._attempts.pop(future, None)
@@ -299,7 +297,7 @@ class RequestPool:
             return
         self.results.setdefault(request, out)
         self._apply(self._handle(RequestDone(request, attempt,
-                                                       time.monotonic() - submitted)))
+                                             time.monotonic() - submitted)))
 
     # -- the dispatcher's stimuli ---------------------------------------------------------
     def _handle(self, event) -> list:
@@ -383,14 +381,6 @@ class RequestPool:
 def offload_record(offload: Offload | None) -> dict:
     return {"event": "Offload", "offload": None if offload is None else
             {"speculate_on": list(offload.speculate_on), "margin_s": offload.margin_s}}
-
-
-def event_record(event, names: dict[str, str]) -> dict:
-    """A dispatcher event as plain data, worker addresses replaced by worker names."""
-    fields = dataclasses.asdict(event)
-    if "worker" in fields:
-        fields["worker"] = names.get(fields["worker"], fields["worker"])
-    return {"event": type(event).__name__, **fields}
 
 
 def _worker_class(info: dict, classes: tuple[str, ...]) -> str | None:

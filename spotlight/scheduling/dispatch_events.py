@@ -3,6 +3,7 @@ gives out: plain frozen records, so that the glue (a live cluster's, or the simu
 tests build and compare them without the dispatcher's state."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -147,3 +148,20 @@ class Ignored:
 
 
 Action = Assign | Cancel | Requeued | Retired | Starved | GaveUp | Ignored
+
+
+# --- records: events as plain data (what a live pool keeps, what a replay reads back) ------------
+def event_record(event: Event, names: dict[str, str] | None = None) -> dict:
+    """``event`` as plain data, its worker address replaced by the worker's name in ``names``."""
+    fields = dataclasses.asdict(event)
+    if "worker" in fields and names:
+        fields["worker"] = names.get(fields["worker"], fields["worker"])
+    return {"event": type(event).__name__, **fields}
+
+
+def event_from_record(record: dict) -> Event:
+    """The event an :func:`event_record` describes."""
+    fields = {k: v for k, v in record.items() if k != "event"}
+    if "requests" in fields:   # JSON turned the tuple into a list
+        fields["requests"] = tuple(fields["requests"])
+    return globals()[record["event"]](**fields)

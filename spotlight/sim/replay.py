@@ -124,9 +124,7 @@ def replay_decisions(events: list[dict]) -> list[dict]:
         speculate_on=tuple(offload["speculate_on"]), margin_s=offload["margin_s"]))
     decided = []
     for record in events[1:]:
-        fields = {k: v for k, v in record.items() if k != "event"}
-        event = getattr(dispatch_events, record["event"])(**fields)
-        for action in dispatcher.handle(event):
+        for action in dispatcher.handle(dispatch_events.event_from_record(record)):
             if isinstance(action, dispatch_events.Assign):
                 decided.append({"request": action.request, "attempt": action.attempt,
                                 "worker": action.worker, "resume_step": action.resume_step})
