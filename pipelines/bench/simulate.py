@@ -119,7 +119,7 @@ def _ratios(result: dict) -> dict:
 def scaling(config) -> list[dict]:
     """The simulator's seconds for on-demand and Spotlight against GPUs and iterations."""
     out = []
-    for gpus, iterations in ((8, 100), (32, 100), (128, 100), (8, 1000)):
+    for gpus, iterations in ((8, 100), (32, 100), (128, 100), (8, 1000), (128, 1000)):
         cfg = config.with_values({
             "cluster.ondemand_gpus": gpus, "systems": ["ondemand", "spotlight"],
             "max_iterations": iterations, "convergence.ondemand_iterations": 10**6,

@@ -113,6 +113,9 @@ class Dispatcher:
         self._order: dict[str, int] = {}
         self._active_slots = 0   # slots of ACTIVE workers
         self._running: set[str] = set()   # requests with a live attempt (what may be twinned)
+        # Every attempt started, in start order (the clock only moves forward); ended ones
+        # are dropped lazily. The offload plan reads only its oldest entries.
+        self._by_start: deque[tuple[float, str, int]] = deque()
         self.closed = False
         self.no_worker_wait_s = no_worker_wait_s
         self._starved = False
@@ -224,7 +227,7 @@ class Dispatcher:
                     for attempt, worker in sorted(request.live.items())
                     if attempt != event.attempt]
         self._release(request)
-        if request.name in self.queue:
+        if request.state is RequestState.QUEUED:   # (queued is exactly: in the queue)
             self.queue.remove(request.name)
         request.state = RequestState.DONE
         self._running.discard(request.name)
@@ -355,6 +358,7 @@ class Dispatcher:
         request.attempt += 1
         request.live[request.attempt] = worker.name
         request.started[request.attempt] = self.now
+        self._by_start.append((self.now, request.name, request.attempt))
         worker.running.add(request.name)
         self._refresh(worker)
         worker.assigned += 1
@@ -367,9 +371,8 @@ class Dispatcher:
         if self.offload is None or not free or not self.speeds.seconds \
                 or self._queue_outlasts(free):
             return free   # (nothing measured yet: no plan to make, every free worker pulls)
-        active = [w for w in self.workers.values() if w.state is WorkerState.ACTIVE]
-        speeds = {w.name: self.speeds.estimate(w.name) for w in active}
-        ready = self._ready_times(active, speeds)
+        speeds = {w.name: self.speeds.estimate(w.name) for w in free}
+        ready = self._ready_times(free, speeds)
         chosen = set(planned_takers([w.name for w in free], ready, speeds, len(self.queue)))
         return [w for w in free if w.name in chosen]
 
@@ -379,40 +382,56 @@ class Dispatcher:
         could finish at most ``slots x floor(slowest free / fastest)`` requests by the time
         the slowest free worker finishes its first -- fewer than wait. Exact, and it spares
         planning the whole queue while most of a stage is still queued."""
-        known = self.speeds.seconds
         estimates = [self.speeds.estimate(w.name) for w in free]
-        if not known or None in estimates:
+        bounds = self.speeds.bounds()
+        if bounds is None or None in estimates or bounds[0] <= 0:
             return False
-        fastest = min(known.values())
-        if fastest <= 0:
-            return False
-        return len(self.queue) > self._active_slots * math.floor(max(estimates) / fastest)
+        return len(self.queue) > self._active_slots * math.floor(max(estimates) / bounds[0])
 
-    def _ready_times(self, workers: list[Worker],
+    def _ready_times(self, free: list[Worker],
                      speeds: dict[str, float | None]) -> dict[str, list[float]]:
-        """When each slot of each of ``workers`` is expected to be free (now, for a free
-        slot): one pass over the running attempts, not one per worker."""
-        busy: dict[str, list[float]] = {w.name: [] for w in workers}
-        for name in self._running:
-            request = self.requests[name]
-            for attempt, worker in request.live.items():
-                if worker in busy:
-                    busy[worker].append(max(self.now, request.started.get(attempt, self.now)
-                                            + (speeds[worker] or 0.0)))
-        return {w.name: sorted(busy[w.name]) + [self.now] * (w.slots - len(busy[w.name]))
-                for w in workers}
+        """When each slot that can matter to the plan is expected to be free (now, for a free
+        slot). The plan only asks which free workers get a request, so it stops by the time
+        the slowest free worker would finish one (the horizon): a busy slot whose next request
+        would finish later never takes part. Such a slot started its request after
+        ``horizon - 2 x fastest``, so only attempts started before that (in start order,
+        oldest first) are looked at -- not every running one. ``speeds`` gains
+        the estimates of the busy workers included."""
+        fastest = self.speeds.bounds()[0]
+        horizon = max(self.now + speeds[w.name] for w in free)
+        # (An overdue attempt started before ``now - fastest``, which is no later: the horizon
+        # is at least ``now + fastest``.) A margin for the rounding of ``started + s + s``.
+        cutoff = horizon - 2 * fastest + 1e-9 * (1 + abs(horizon))
+        busy: dict[str, list[float]] = {w.name: [] for w in free}
+        while self._by_start and self._by_start[0][2] not in \
+                self.requests[self._by_start[0][1]].live:
+            self._by_start.popleft()   # finished, lost or handed back: forget it
+        for started, name, attempt in self._by_start:
+            if started > cutoff:
+                break
+            worker = self.requests[name].live.get(attempt)
+            if worker is None or self.workers[worker].state is not WorkerState.ACTIVE:
+                continue
+            if worker not in speeds:
+                speeds[worker] = self.speeds.estimate(worker)
+            busy.setdefault(worker, []).append(max(self.now, started + (speeds[worker] or 0.0)))
+        return {name: sorted(slots) + [self.now] * self.workers[name].free
+                for name, slots in busy.items()}
 
     def _speculate(self) -> list[Action]:
         """Idle workers of the speculating classes re-run the request expected to end last,
         when they would clearly finish it sooner (one twin per request)."""
         actions: list[Action] = []
+        bounds = self.speeds.bounds()
+        if bounds is None or bounds[1] <= bounds[0] + self.offload.margin_s:
+            return actions   # nothing measured, or no worker slower than another by the margin
+        slowest = bounds[1]
         idle = [self.workers[n] for n in self._in_order(self._with_room)
                 if self.workers[n].cls in self.offload.speculate_on]
         mines = [m for m in (self.speeds.estimate(w.name) for w in idle) if m is not None]
-        known = self.speeds.seconds
         # A twin pays off only where a request's worker is slower than an idle one by more
         # than the margin (it started no later than now); with no such pair, skip the scan.
-        if not mines or max(known.values()) <= min(mines) + self.offload.margin_s:
+        if not mines or slowest <= min(mines) + self.offload.margin_s:
             return actions
         # Requests with one running attempt, latest expected end first (ties by name, as
         # ``straggler`` breaks them): computed once, not once per idle worker.

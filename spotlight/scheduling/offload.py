@@ -32,6 +32,8 @@ class SpeedBook:
     # Class means, worked out once after each change: estimates are asked for every worker at
     # every event, observations come once per finished request.
     _means: dict[str | None, float | None] = field(default_factory=dict, repr=False)
+    # The fastest and slowest measured seconds, kept while they stay exact (see ``bounds``).
+    _bounds: tuple[float, float] | None = field(default=None, repr=False)
 
     def joined(self, worker: str, cls: str) -> None:
         self.classes[worker] = cls
@@ -41,9 +43,23 @@ class SpeedBook:
         if seconds < 0:
             raise ValueError(f"worker {worker!r} took {seconds} s for a request; expected >= 0")
         old = self.seconds.get(worker)
-        self.seconds[worker] = seconds if old is None else \
-            (1 - self.weight) * old + self.weight * seconds
+        new = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+        self.seconds[worker] = new
         self._means.clear()
+        if self._bounds is not None:
+            low, high = self._bounds
+            if old is not None and ((old == low and new > old) or (old == high and new < old)):
+                self._bounds = None   # an extreme moved inwards: work it out again when asked
+            else:
+                self._bounds = (min(low, new), max(high, new))
+
+    def bounds(self) -> tuple[float, float] | None:
+        """The fastest and slowest measured seconds per request (None before any): every
+        estimate lies between them, since it is a measurement or a mean of measurements."""
+        if self._bounds is None and self.seconds:
+            values = self.seconds.values()
+            self._bounds = (min(values), max(values))
+        return self._bounds
 
     def estimate(self, worker: str) -> float | None:
         """The worker's own average, else its class's mean, else everyone's, else None."""

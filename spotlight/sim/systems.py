@@ -238,8 +238,8 @@ class SystemRun:
         stats = self._stage(k, work, "explore", classes=("spot",), commit_steps=True,
                             deadline=deadline)
         done = set(stats.done)
-        explored = sum(1 for p in range(plan.prompts)
-                       if all(x.name in done for x in work if x.group == f"p{p}"))
+        unfinished = {x.group for x in work if x.name not in done}
+        explored = sum(1 for p in range(plan.prompts) if f"p{p}" not in unfinished)
         if stats.done_sample_steps:
             self.sec_per_sample_step = stats.done_unit_s / stats.done_sample_steps
         gain = spread_ratio(plan.candidates, w.group_size,
