@@ -96,7 +96,8 @@ def validation(runs: list[str]) -> dict:
         checks.append({**facts, **check})
     head = checks[0]
     return {"measured_s": head["measured_s"], "simulated_s": head["simulated_s"],
-            "error": head["error"], "runs": checks}
+            "error": head["error"], "error_without_driver": head["error_without_driver"],
+            "driver_s_per_stage": head["driver_s_per_stage"], "runs": checks}
 
 
 def sweep(config, key: str, values: list) -> list[dict]:
@@ -145,7 +146,7 @@ def bench_simulate(config: str | None = None, json_path: str | None = None, quic
     out = Path(json_path).with_suffix("") if json_path else folder / "simulate"
     try:
         print("validation: replaying a measured run", flush=True)
-        checked = validation(runs or [measured_run(folder, 3 if quick else 6)])
+        checked = validation(runs or [measured_run(folder, 4 if quick else 8)])
         print(f"  measured {checked['measured_s']:.2f} s an iteration, simulated "
               f"{checked['simulated_s']:.2f} s (error {checked['error']:.1%})", flush=True)
         result = {"bench": "simulate", "config": base.source, "validation": checked,

@@ -87,6 +87,10 @@ class TimingConfig(Validated):
                                     range=(0.0, 3600.0))
     resume_s: float = spec(0.2, "Reading a preempted request's committed latent back.",
                            range=(0.0, 3600.0))
+    driver_s_per_stage: float = spec(0.0, "The driver's seconds at each boundary of the critical "
+                                          "path (before, between and after its stages): task "
+                                          "round trips, seed selection, manifest writes -- every "
+                                          "GPU waits.", range=(0.0, 3600.0))
 
     def validate(self) -> None:
         if self.sp_speedup > self.sp_degree:

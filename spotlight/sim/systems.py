@@ -139,7 +139,12 @@ class SystemRun:
         self.spans += stats.spans
         return stats
 
+    def _driver(self) -> None:
+        """The driver's seconds at a boundary of the critical path (every GPU waits)."""
+        self.clock.advance_to(self.clock.now + self.t.driver_s_per_stage)
+
     def _rollout(self, k: int, record: IterationRecord, **options) -> StageStats:
+        self._driver()
         start = self.clock.now
         stats = self._stage(k, self._rollout_work(), "rollout",
                             reward_s_per_image=self.w.reward_s_per_image, **options)
@@ -172,6 +177,7 @@ class SystemRun:
 
     def _iteration_sync(self, k: int) -> IterationRecord:
         record = IterationRecord(k, self.clock.now, quality=1.0)
+        self._driver()
         start = self.clock.now
         self._stage(k, self._explore_work(self.w.prompts_per_iteration, self.w.candidates,
                                           self.w.rollout_steps),
@@ -196,6 +202,7 @@ class SystemRun:
             self.spans += [(lane, start, start + seconds, "train") for lane in train_lanes]
         record.train_s = seconds
         self.clock.advance_to(self.clock.now + self.t.weight_sync_s)   # to the rollout pool
+        self._driver()
         record.end = self.clock.now
         return record
 
@@ -214,6 +221,7 @@ class SystemRun:
     def _train(self, k: int, record: IterationRecord, explore: bool = False) -> float:
         """Training on the on-demand GPUs; with ``explore``, stale exploration for the next
         iteration on the spot GPUs until training ends. Returns that exploration's quality."""
+        self._driver()
         start = self.clock.now
         seconds = train_seconds(self.t, self.w.images, self.config.cluster.ondemand_gpus)
         billed0 = self.fleet.spot_gpu_seconds()
@@ -222,6 +230,7 @@ class SystemRun:
                                                     if u.startswith("od")))
         record.train_s = seconds
         record.spot_billed_train_s = self.fleet.spot_gpu_seconds() - billed0
+        self._driver()
         record.end = self.clock.now
         self.train_history.append(seconds)
         return quality

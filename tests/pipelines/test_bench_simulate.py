@@ -16,9 +16,9 @@ def test_a_measured_run_is_read_back_and_replayed(tiny_run_config, tmp_path):
     config = tiny_run_config.with_values({"validation.every": 1000})
     url = str(tmp_path / "measured")
     with Session.from_config(config, store=url, mode="spotlight") as session:
-        session.run(3)
+        session.run(4)   # a warm-up, two compared, a validated last one
     iterations, facts = recorded_run(url)
-    assert len(iterations) == 3
+    assert len(iterations) == 4
     assert (facts["mode"], facts["gpu_workers"], facts["spot_workers"]) == ("spotlight", 1, 1)
     stages = {t["stage"] for it in iterations for t in it.tasks}
     assert {"rollout", "train", "explore"} <= stages
@@ -28,7 +28,8 @@ def test_a_measured_run_is_read_back_and_replayed(tiny_run_config, tmp_path):
         assert it.wall_s >= sum(chain) * 0.999
     check = validation([url])
     compared = check["runs"][0]["iterations"]
-    assert compared >= 1 and math.isfinite(check["error"])
+    assert compared == 2 and math.isfinite(check["error"])
+    assert check["driver_s_per_stage"] > 0
     assert 0 < check["simulated_s"] <= check["measured_s"] * 1.5
 
 

@@ -42,15 +42,29 @@ def test_sync_exploration_is_pulled_by_the_gpu_workers_before_the_rollout():
 
 
 def test_validate_skips_the_warm_up_and_validated_iterations():
-    its = [RecordedIteration(30.0, False, VANILLA), RecordedIteration(11.0, False, VANILLA),
-           RecordedIteration(50.0, True, VANILLA), RecordedIteration(9.6, False, VANILLA)]
+    # VANILLA's four stages span 10.3 s; 0.5 s more is the driver's, 0.1 s at each of the five
+    # boundaries (before, between and after the stages).
+    its = [RecordedIteration(30.0, False, VANILLA), RecordedIteration(10.8, False, VANILLA),
+           RecordedIteration(50.0, True, VANILLA), RecordedIteration(10.8, False, VANILLA)]
     check = validate_replay(its, gpu_workers=1, spot_workers=0)
     assert check["iterations"] == 2
-    assert check["measured_s"] == pytest.approx(10.3)
-    assert check["simulated_s"] == pytest.approx(10.3)
+    assert check["measured_s"] == pytest.approx(10.8)
+    assert check["simulated_s"] == pytest.approx(10.8)
     assert check["error"] == pytest.approx(0.0, abs=1e-12)
-    with pytest.raises(ValueError, match="no iteration without validation"):
-        validate_replay(its[:1], gpu_workers=1, spot_workers=0)
+    assert check["driver_s_per_stage"] == pytest.approx(0.1)
+    assert check["error_without_driver"] == pytest.approx(0.5 / 10.8)
+    with pytest.raises(ValueError, match="at least 2 are needed"):
+        validate_replay(its[:2], gpu_workers=1, spot_workers=0)
+
+
+def test_each_iteration_is_replayed_with_the_other_iterations_driver_seconds():
+    # 0.14 s a boundary in the first, none in the second: each gets the other's, never its own.
+    its = [RecordedIteration(30.0, False, VANILLA), RecordedIteration(11.0, False, VANILLA),
+           RecordedIteration(10.3, False, VANILLA)]
+    check = validate_replay(its, gpu_workers=1, spot_workers=0)
+    assert check["per_iteration"] == [[11.0, pytest.approx(10.3)],
+                                      [10.3, pytest.approx(11.0)]]
+    assert check["error"] == pytest.approx(0.0, abs=1e-12)   # the means agree, not each
 
 
 def test_a_recorded_event_sequence_replays_to_the_same_assignments():
@@ -74,3 +88,19 @@ def test_a_recorded_event_sequence_replays_to_the_same_assignments():
     ]
     with pytest.raises(ValueError, match="offload setting"):
         replay_decisions(events[1:])
+
+
+def test_the_spot_worker_pulls_rollout_requests_after_the_stale_tasks_it_ran_first():
+    # The spot worker audits until 2.5 s, then pulls one rollout request (2 s); the gpu
+    # worker runs the other four (1 s each), the last from 3 s: the rollout ends at 4.5 s.
+    rollout = (task("rollout", "gpu-0", 0.0, 1.0), task("rollout", "gpu-0", 1.0, 2.0),
+               task("rollout", "gpu-0", 2.0, 3.0), task("rollout", "spot-0", 2.5, 4.5),
+               task("rollout", "gpu-0", 3.0, 4.0))
+    audit = (task("audit", "spot-0", 0.0, 2.5),)
+    seconds = replay_iteration(RecordedIteration(4.5, False, rollout + audit), gpu_workers=1,
+                               spot_workers=1)
+    assert seconds == pytest.approx(4.5)
+    # Had the audit run after the rollout request, the spot worker would pull from the start.
+    late = (task("audit", "spot-0", 4.5, 7.0),)
+    assert replay_iteration(RecordedIteration(4.5, False, rollout + late), gpu_workers=1,
+                            spot_workers=1) < 4.5
