@@ -1,0 +1,64 @@
+"""What each member of a test SP group runs (spawned processes, gloo on loopback)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+HEADS, HEIGHT, WIDTH, TEXT = 4, 4, 6, 5   # 24 image tokens, 5 text tokens
+
+
+def tiny_transformer():
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    return QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+        num_attention_heads=HEADS, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)).eval()
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(2, TEXT, dtype=torch.long)
+    mask[1, -2:] = 0   # a padded prompt
+    return {"hidden_states": torch.randn(2, HEIGHT * WIDTH, 16, generator=g),
+            "encoder_hidden_states": torch.randn(2, TEXT, 32, generator=g),
+            "encoder_hidden_states_mask": mask,
+            "timestep": torch.tensor([0.3, 0.7]),
+            "img_shapes": [[(1, HEIGHT, WIDTH)]] * 2}
+
+
+def member(rank: int, world: int, port: int, out_dir: str, backward: bool) -> None:
+    from spotlight.parallel import ulysses
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, x = tiny_transformer(), inputs()
+    weight = torch.randn(2, HEIGHT * WIDTH, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(**x, return_dict=False)[0]
+    if backward:
+        model.zero_grad()
+        (model(**x, return_dict=False)[0] * weight).sum().backward()
+        expected = {n: p.grad.clone() for n, p in model.named_parameters()
+                    if p.grad is not None}
+        model.zero_grad()
+    ulysses.enable(model, dist.group.WORLD)
+    result = {"diff": (ulysses.forward(model, dist.group.WORLD, **x) - reference).abs().max()}
+    if backward:
+        hidden = x.pop("hidden_states")
+        out = ulysses.forward_shard(model, dist.group.WORLD, hidden, **x)
+        start, stop = ulysses.shard_bounds(HEIGHT * WIDTH, world, rank)
+        (out * weight[:, start:stop]).sum().backward()
+        ulysses.sum_gradients(model.parameters(), dist.group.WORLD)
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads.keys() == expected.keys() and len(grads) > 20, sorted(grads)
+        result["grad_diff"] = max((grads[n] - expected[n]).abs().max() for n in grads)
+    ulysses.disable(model)
+    with torch.no_grad():   # the same model object runs alone again
+        result["after_disable"] = (model(**x if not backward else {**x, "hidden_states": hidden},
+                                         return_dict=False)[0] - reference).abs().max()
+    torch.save({k: float(v) for k, v in result.items()}, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
