@@ -1,0 +1,157 @@
+"""Persistent SP executors: the Dask worker processes themselves, holding a model between tasks.
+
+Each function here runs as a task pinned to one worker. The executor's state (the model, its
+weights version, the process group it is in and the rendezvous it hosts) lives in the worker
+process, in this module, from task to task -- so a group that loses a member is rebuilt by the
+survivors without reloading anything: a new process group over a new rendezvous, the weights
+copied to a newcomer from a peer (through the node's shared memory, or over the network from
+another node), the same model object with its attention processors swapped
+(:mod:`spotlight.parallel.ulysses`).
+
+A process is in at most one group at a time, so the group is torch.distributed's default
+group, destroyed and initialised again at each membership epoch.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from spotlight.parallel import ulysses
+
+JOIN_TIMEOUT = timedelta(seconds=60)
+# Node-local shared memory (tmpfs) where it exists; the temp folder otherwise.
+SHARED_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+
+
+@dataclass
+class ExecutorState:
+    model: torch.nn.Module | None = None
+    version: int | None = None
+    epoch: int | None = None
+    rendezvous: dist.TCPStore | None = None
+    timings: dict = field(default_factory=dict)
+
+
+STATE = ExecutorState()
+
+
+def build_model(spec: dict) -> torch.nn.Module:
+    """A ``QwenImageTransformer2DModel`` of the given config (weights come separately)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.set_num_threads(spec.get("threads", 1))
+    return QwenImageTransformer2DModel(**spec["config"]).eval().requires_grad_(False)
+
+
+def load_from_store(spec: dict, url: str, version: int) -> dict:
+    """Build the model and load ``version``'s weights from the run store (a cold start)."""
+    from storage import RunStore
+
+    started = time.perf_counter()
+    STATE.model = build_model(spec)
+    built = time.perf_counter()
+    checkpoint = RunStore.open(url, create=False).load_checkpoint(version)
+    STATE.model.load_state_dict(checkpoint.weights)
+    STATE.version = version
+    return {"build_s": built - started, "load_s": time.perf_counter() - built}
+
+
+def open_rendezvous() -> tuple[str, int]:
+    """Host a new rendezvous for a group this executor will be rank 0 of: (host, port)."""
+    host = _own_host()
+    STATE.rendezvous = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                                     timeout=JOIN_TIMEOUT)
+    return host, STATE.rendezvous.port
+
+
+def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) -> dict:
+    """Leave the current group and form group ``epoch`` as ``rank`` of ``world`` (every member
+    must hold ``version`` already). Returns the seconds it took."""
+    if STATE.version != version:
+        raise RuntimeError(f"executor holds weights version {STATE.version}, the group serves "
+                           f"{version}: copy the weights before forming the group")
+    started = time.perf_counter()
+    leave()
+    store = STATE.rendezvous if rank == 0 else dist.TCPStore(
+        host, port, is_master=False, timeout=JOIN_TIMEOUT)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
+                            rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
+    ulysses.enable(STATE.model, dist.group.WORLD)
+    STATE.epoch = epoch
+    return {"communicator_s": time.perf_counter() - started}
+
+
+def leave() -> None:
+    """Leave the current group, if any (its communicator is dropped, the model kept)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    STATE.epoch = None
+
+
+def share_weights() -> str:
+    """Put this executor's weights in the node's shared memory (once per version); the file
+    a peer on this node loads them from."""
+    from safetensors.torch import save_file
+
+    path = SHARED_DIR / f"spotlight-weights-{os.getpid()}-v{STATE.version}.safetensors"
+    if not path.exists():
+        tmp = path.with_suffix(".partial")
+        save_file({k: v.contiguous() for k, v in STATE.model.state_dict().items()}, str(tmp))
+        tmp.rename(path)
+    return str(path)
+
+
+def load_shared(spec: dict, path: str, version: int) -> dict:
+    """Build the model and take the weights a peer on this node put in shared memory."""
+    from safetensors.torch import load_file
+
+    started = time.perf_counter()
+    STATE.model = STATE.model or build_model(spec)
+    built = time.perf_counter()
+    STATE.model.load_state_dict(load_file(path))
+    STATE.version = version
+    return {"build_s": built - started, "load_s": time.perf_counter() - built}
+
+
+def export_weights() -> dict:
+    """This executor's weights, for a peer on another node (Dask carries them over the
+    network)."""
+    return {k: v.clone() for k, v in STATE.model.state_dict().items()}
+
+
+def load_weights(spec: dict, weights: dict, version: int) -> dict:
+    started = time.perf_counter()
+    STATE.model = STATE.model or build_model(spec)
+    STATE.model.load_state_dict(weights)
+    STATE.version = version
+    return {"load_s": time.perf_counter() - started}
+
+
+def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
+    """This member's part of one SP forward; rank 0 returns the whole output."""
+    if STATE.epoch != epoch:
+        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}: "
+                           "form the group first")
+    out = ulysses.forward(STATE.model, dist.group.WORLD, **inputs)
+    return out if dist.get_rank() == 0 else None
+
+
+def holds() -> int | None:
+    """The weights version this executor holds (None: none)."""
+    return STATE.version
+
+
+def _own_host() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    except (ImportError, ValueError):
+        return socket.gethostbyname("localhost")

@@ -1,0 +1,124 @@
+"""The driver's side of elastic SP: carry out the membership state machine's actions on Dask
+workers that are persistent executors (:mod:`pipelines.parallel.executor`).
+
+:class:`SPGroups` turns workers joining and leaving into :mod:`spotlight.parallel.membership`
+events, and its actions into tasks pinned to the workers: weight copies (run store, a peer's
+shared memory, a peer over the network), group formation (a rendezvous on the new rank 0, then
+every member joins at once), and SP forwards on a formed group. An executor is named by its
+worker's address and placed on the node of the worker's host.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from distributed import Client, wait
+
+from pipelines.parallel import executor
+from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
+                                           ExecutorLost, FormGroup, Group, Membership,
+                                           WeightsLoaded)
+
+
+def node_of(address: str) -> str:
+    """A worker's node: the host of its address."""
+    return address.split("://")[-1].rsplit(":", 1)[0]
+
+
+@dataclass
+class SPGroups:
+    """Executors on ``client``'s workers, grouped by ``degrees``, serving ``version`` of the
+    model ``spec`` whose checkpoint lies in the run store at ``url``."""
+
+    client: Client
+    spec: dict
+    url: str
+    version: int
+    degrees: tuple[int, ...]
+    membership: Membership = field(init=False)
+    log: list[dict] = field(default_factory=list)   # what each action took
+
+    def __post_init__(self) -> None:
+        self.membership = Membership(degrees=self.degrees, version=self.version)
+
+    # -- membership changes ----------------------------------------------------------------
+    def add(self, addresses: list[str]) -> list[Group]:
+        """Workers join as executors (holding nothing); returns the groups formed."""
+        actions = [a for address in addresses
+                   for a in self.membership.handle(ExecutorJoined(address, node_of(address)))]
+        return self._carry_out(actions)
+
+    def lost(self, address: str) -> list[Group]:
+        """A worker is gone; the survivors regroup. Returns the groups formed."""
+        return self._carry_out(self.membership.handle(ExecutorLost(address)))
+
+    def forward(self, group: Group, inputs: dict):
+        """One SP forward of ``inputs`` on ``group``: the whole output."""
+        futures = [self.client.submit(executor.forward, group.epoch, inputs, workers=[m],
+                                      pure=False, allow_other_workers=False)
+                   for m in group.members]
+        return futures[0].result()
+
+    # -- actions -----------------------------------------------------------------------------
+    def _carry_out(self, actions: list) -> list[Group]:
+        formed: list[Group] = []
+        while actions:
+            copies = [a for a in actions if isinstance(a, CopyWeights)]
+            # Events handled together may form a group and dissolve it again: form only
+            # the groups that stand.
+            forms = [a.group for a in actions if isinstance(a, FormGroup)
+                     and a.group.name in self.membership.groups]
+            for action in actions:
+                if isinstance(action, DissolveGroup):
+                    self.log.append({"action": "dissolve", "group": action.group.name,
+                                     "reason": action.reason})
+            formed += self._form(forms)
+            actions = [a for done in self._copy(copies) for a in self.membership.handle(done)]
+        return [g for g in formed if g.name in self.membership.groups]
+
+    def _copy(self, copies: list[CopyWeights]) -> list[WeightsLoaded]:
+        """Every copy at once; the events of the finished ones."""
+        futures = {}
+        for copy in copies:
+            target = dict(workers=[copy.executor], pure=False, allow_other_workers=False)
+            if copy.via == "store":
+                future = self.client.submit(executor.load_from_store, self.spec, self.url,
+                                            copy.version, **target)
+            elif copy.via == "shared-memory":
+                path = self.client.submit(executor.share_weights, workers=[copy.source],
+                                          pure=False, allow_other_workers=False)
+                future = self.client.submit(executor.load_shared, self.spec, path, copy.version,
+                                            **target)
+            else:
+                weights = self.client.submit(executor.export_weights, workers=[copy.source],
+                                             pure=False, allow_other_workers=False)
+                future = self.client.submit(executor.load_weights, self.spec, weights,
+                                            copy.version, **target)
+            futures[future] = copy
+        started = time.perf_counter()
+        wait(list(futures))
+        events = []
+        for future, copy in futures.items():
+            self.log.append({"action": "copy", "executor": copy.executor, "via": copy.via,
+                             "s": time.perf_counter() - started, **future.result()})
+            events.append(WeightsLoaded(copy.executor, copy.version))
+        return events
+
+    def _form(self, groups: list[Group]) -> list[Group]:
+        """A rendezvous on each group's rank 0, then all members of all groups join at once."""
+        if not groups:
+            return []
+        started = time.perf_counter()
+        rendezvous = [self.client.submit(executor.open_rendezvous, workers=[g.members[0]],
+                                         pure=False, allow_other_workers=False) for g in groups]
+        joins = []
+        for group, place in zip(groups, self.client.gather(rendezvous)):
+            joins += [self.client.submit(executor.join, group.epoch, rank, group.degree, *place,
+                                         self.version, workers=[member], pure=False,
+                                         allow_other_workers=False)
+                      for rank, member in enumerate(group.members)]
+        results = self.client.gather(joins)
+        self.log.append({"action": "form", "groups": [g.members for g in groups],
+                         "s": time.perf_counter() - started,
+                         "communicator_s": max(r["communicator_s"] for r in results)})
+        return groups
