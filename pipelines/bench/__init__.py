@@ -42,4 +42,4 @@ def write_result(result: dict, path: str | Path | None) -> str:
 def load_benches() -> None:
     """Import the benchmark modules so they register themselves."""
     from pipelines.bench import (convergence, learning, overhead, preemption,  # noqa: F401
-                                 simulate, stock, storage)
+                                 simulate, sp, stock, storage)

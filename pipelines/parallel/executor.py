@@ -143,6 +143,20 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     return out if dist.get_rank() == 0 else None
 
 
+def denoise(epoch: int, inputs: dict, steps: int) -> torch.Tensor | None:
+    """A request of ``steps`` Euler steps from ``inputs``' latents (sigma 1 -> 0), each step an
+    SP forward; rank 0 returns the final latents."""
+    latents = inputs["hidden_states"]
+    sigmas = torch.linspace(1.0, 0.0, steps + 1)
+    for k in range(steps):
+        velocity = forward(epoch, {**inputs, "hidden_states": latents,
+                                   "timestep": sigmas[k].reshape(1)})
+        if dist.get_rank() == 0:
+            latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
+        dist.broadcast(latents, src=0)
+    return latents if dist.get_rank() == 0 else None
+
+
 def holds() -> int | None:
     """The weights version this executor holds (None: none)."""
     return STATE.version

@@ -54,10 +54,13 @@ class SPGroups:
 
     def forward(self, group: Group, inputs: dict):
         """One SP forward of ``inputs`` on ``group``: the whole output."""
-        futures = [self.client.submit(executor.forward, group.epoch, inputs, workers=[m],
-                                      pure=False, allow_other_workers=False)
-                   for m in group.members]
-        return futures[0].result()
+        return self.submit(group, executor.forward, inputs)[0].result()
+
+    def submit(self, group: Group, fn, *args):
+        """``fn(group.epoch, *args)`` on every member of ``group`` at once (an SP request);
+        the futures in rank order -- rank 0's holds the result."""
+        return [self.client.submit(fn, group.epoch, *args, workers=[m], pure=False,
+                                   allow_other_workers=False) for m in group.members]
 
     # -- actions -----------------------------------------------------------------------------
     def _carry_out(self, actions: list) -> list[Group]:

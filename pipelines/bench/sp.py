@@ -1,0 +1,194 @@
+"""``spotlight bench sp``: elastic sequence parallelism on persistent executors.
+
+An embedded Dask cluster of ``devices`` worker processes (one "device" each, one node) holds a
+real-format ``QwenImageTransformer2DModel`` whose weights lie in a run store. The bench:
+
+1. *Equivalence*: groups of degree 4 and 2 compute a forward pass; its largest difference from
+   the single-process forward (fp32).
+2. *Regroup*, ``rounds`` times: a member of the serving group of 4 is SIGKILLed; from the kill
+   until the survivors serve again as the largest group the degrees allow (the loss seen by
+   the scheduler, a new communicator, the first forward). The worker's nanny then starts a
+   fresh process, which copies the weights from a peer through the node's shared memory and
+   rejoins: the group of 4 serves again before the next round.
+3. *Without persistence*: the same kill, but the survivors are restarted instead of kept, as
+   a system without persistent executors must: each loads the weights from the run store.
+4. *Cold start*: one new process from nothing to serving -- start, imports, weights from the
+   run store, group init, first forward.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from pipelines.bench import machine, register_bench
+from pipelines.parallel import executor
+from pipelines.parallel.groups import SPGroups
+
+# A tiny real-format transformer with 4 heads (so degrees 1, 2 and 4 divide them), 16 x 16
+# image tokens and 8 text tokens.
+SPEC = {"config": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                       attention_head_dim=32, num_attention_heads=4, joint_attention_dim=32,
+                       axes_dims_rope=(8, 12, 12)), "threads": 1}
+HEIGHT = WIDTH = 16
+TEXT = 8
+
+
+def request_inputs(seed: int = 1) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"hidden_states": torch.randn(1, HEIGHT * WIDTH, 16, generator=g),
+            "encoder_hidden_states": torch.randn(1, TEXT, 32, generator=g),
+            "encoder_hidden_states_mask": torch.ones(1, TEXT, dtype=torch.long),
+            "timestep": torch.tensor([0.5]), "img_shapes": [[(1, HEIGHT, WIDTH)]]}
+
+
+def _percentiles(values: list[float]) -> dict:
+    return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)),
+            "runs": [float(v) for v in values]}
+
+
+class Bench:
+    """The cluster, the run store and the reference output of one bench run."""
+
+    def __init__(self, client, url: str, reference: torch.Tensor) -> None:
+        self.client, self.url, self.reference = client, url, reference
+
+    def workers(self) -> list[str]:
+        return sorted(self.client.scheduler_info()["workers"])
+
+    def wait_for(self, count: int, gone: str | None = None) -> list[str]:
+        while len(self.workers()) != count or gone in self.workers():
+            time.sleep(0.005)
+        return self.workers()
+
+    def groups(self, degrees: tuple[int, ...]) -> SPGroups:
+        return SPGroups(self.client, SPEC, self.url, 0, degrees)
+
+    def serve(self, sp: SPGroups) -> float:
+        """One forward on the largest serving group; its difference from the reference."""
+        group = max(sp.membership.serving(), key=lambda g: g.degree)
+        return float((sp.forward(group, request_inputs()) - self.reference).abs().max())
+
+    def kill(self, address: str) -> float:
+        pid = self.client.run(os.getpid, workers=[address])[address]
+        started = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        return started
+
+
+def regroup_round(bench: Bench, sp: SPGroups, devices: int) -> dict:
+    """Kill a member of the largest group; the survivors regroup and serve; the newcomer the
+    nanny starts rejoins from a peer's shared memory."""
+    victim = max(sp.membership.serving(), key=lambda g: g.degree).members[-1]
+    started = bench.kill(victim)
+    bench.wait_for(devices - 1, gone=victim)
+    seen = time.perf_counter()
+    formed_log = len(sp.log)
+    sp.lost(victim)
+    regrouped = time.perf_counter()
+    diff = bench.serve(sp)
+    served = time.perf_counter()
+    forms = [e for e in sp.log[formed_log:] if e["action"] == "form"]
+    newcomer = [w for w in bench.wait_for(devices) if w not in sp.membership.executors]
+    joined = time.perf_counter()
+    copy_log = len(sp.log)
+    sp.add(newcomer)
+    bench.serve(sp)
+    copies = [e for e in sp.log[copy_log:] if e["action"] == "copy"]
+    return {"regroup_s": served - started, "detect_s": seen - started,
+            "communicator_s": sum(e["communicator_s"] for e in forms),
+            "form_s": regrouped - seen, "first_forward_s": served - regrouped,
+            "diff": diff, "newcomer_join_s": time.perf_counter() - joined,
+            "newcomer_copy_s": max((e["s"] for e in copies), default=0.0),
+            "newcomer_via": sorted({e["via"] for e in copies})}
+
+
+def restarted(bench: Bench, killed: list[str], wanted: int) -> tuple[float, list[str]]:
+    """SIGKILL ``killed``; wait until their nannies have started ``wanted`` fresh processes;
+    return when the kill happened and the fresh workers."""
+    before = set(bench.workers())
+    pids = bench.client.run(os.getpid, workers=killed)
+    started = time.perf_counter()
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    while True:
+        fresh = [w for w in bench.workers() if w not in before]
+        if len(fresh) >= wanted:
+            return started, fresh[:wanted]
+        time.sleep(0.005)
+
+
+def without_persistence(bench: Bench, devices: int) -> float:
+    """A member of the group of 4 is lost and the survivors are restarted instead of kept (as
+    without persistent executors): each loads the weights from the run store; the groups the
+    survivors form serve again."""
+    started, fresh = restarted(bench, bench.workers(), devices - 1)
+    sp = bench.groups((4, 2, 1))
+    sp.add(fresh)
+    bench.serve(sp)
+    return time.perf_counter() - started
+
+
+def cold_start(bench: Bench) -> float:
+    """One process from nothing to serving: started (by its nanny), imports, weights from the
+    run store, a group of one, the first forward."""
+    started, fresh = restarted(bench, bench.workers()[:1], 1)
+    sp = bench.groups((1,))
+    sp.add(fresh)
+    bench.serve(sp)
+    return time.perf_counter() - started
+
+
+@register_bench("sp")
+def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
+             **_: object) -> dict:
+    from distributed import Client, LocalCluster
+
+    from storage import RunStore
+
+    rounds = rounds or (2 if quick else 5)
+    if devices < 4:
+        raise ValueError(f"--devices {devices}: the bench forms a group of 4; give at least 4")
+    started = time.monotonic()
+    folder = tempfile.mkdtemp(prefix="spotlight-bench-sp-")
+    url = f"file://{folder}/run"
+    torch.manual_seed(0)
+    model = executor.build_model(SPEC)
+    RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
+    with torch.no_grad():
+        reference = model(**request_inputs(), return_dict=False)[0]
+    with LocalCluster(n_workers=devices, threads_per_worker=1, processes=True,
+                      host="127.0.0.1", dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        bench = Bench(client, url, reference)
+        sp = bench.groups((4, 2, 1))
+        sp.add(bench.wait_for(devices))
+        diffs = {"sp4": bench.serve(sp)}
+        two = bench.groups((2,))   # the same executors, re-formed as groups of 2
+        two.add(bench.workers())
+        diffs["sp2"] = bench.serve(two)
+        sp = bench.groups((4, 2, 1))
+        sp.add(bench.workers())
+        regroups = [regroup_round(bench, sp, devices) for _ in range(rounds)]
+        unkept = [without_persistence(bench, devices) for _ in range(max(1, rounds // 2))]
+        colds = [cold_start(bench) for _ in range(max(1, rounds // 2))]
+    regroup = _percentiles([r["regroup_s"] for r in regroups])
+    cold = _percentiles(colds)
+    return {
+        "bench": "sp", "devices": devices, "rounds": rounds,
+        "max_abs_diff": diffs | {"after_regroup": max(r["diff"] for r in regroups)},
+        "regroup_s": regroup, "cold_start_s": cold,
+        "regroup_speedup": cold["p50"] / regroup["p50"],
+        # The survivors keep their weights; the copy is the newcomer's, from a peer.
+        "regroup_breakdown_s": {k: float(np.median([r[k] for r in regroups])) for k in (
+            "detect_s", "communicator_s", "form_s", "first_forward_s")} | {
+            "weight_copy_s": float(np.median([r["newcomer_copy_s"] for r in regroups]))},
+        "regroup_without_persistence_s": _percentiles(unkept),
+        "newcomer_join_s": _percentiles([r["newcomer_join_s"] for r in regroups]),
+        "newcomer_copy_via": sorted({v for r in regroups for v in r["newcomer_via"]}),
+        "wall_s": time.monotonic() - started, "machine": machine(),
+    }

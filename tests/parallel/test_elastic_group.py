@@ -1,0 +1,62 @@
+"""Persistent executors on real Dask worker processes: an SP group serves a request; a member is
+SIGKILLed mid-request; the survivors regroup (keeping their weights) and the request, run again
+on the re-formed group, gives the uninterrupted result."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.parallel import executor
+from pipelines.parallel.groups import SPGroups
+
+pytestmark = pytest.mark.timeout(300)
+STEPS = 150
+
+
+def single_process(model, inputs: dict, steps: int) -> torch.Tensor:
+    latents, sigmas = inputs["hidden_states"], torch.linspace(1.0, 0.0, steps + 1)
+    with torch.no_grad():
+        for k in range(steps):
+            velocity = model(**{**inputs, "hidden_states": latents,
+                                "timestep": sigmas[k].reshape(1)}, return_dict=False)[0]
+            latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
+    return latents
+
+
+def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(tmp_path):
+    from distributed import Client, LocalCluster
+
+    from storage import RunStore
+
+    torch.manual_seed(0)
+    model = executor.build_model(SPEC)
+    url = f"file://{tmp_path}/run"
+    RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
+    expected = single_process(model, request_inputs(), STEPS)
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        sp = SPGroups(client, SPEC, url, 0, (2, 1))
+        sp.add(sorted(client.scheduler_info()["workers"]))
+        pair = max(sp.membership.serving(), key=lambda g: g.degree)
+        assert pair.degree == 2 and [c["via"] for c in sp.log if c["action"] == "copy"] == \
+            ["store"] * 3
+        uninterrupted = sp.submit(pair, executor.denoise, request_inputs(), STEPS)[0].result()
+        assert (uninterrupted - expected).abs().max() <= 1e-5
+
+        futures = sp.submit(pair, executor.denoise, request_inputs(), STEPS)
+        time.sleep(0.5)   # the request is under way (150 steps take seconds)
+        victim = pair.members[1]
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        with pytest.raises(Exception, match="Connection reset|Connection closed|closed"):
+            futures[0].result(timeout=60)   # the survivor's collective fails at once
+        formed = sp.lost(victim)
+        assert [g.degree for g in formed] == [2] and victim not in formed[0].members
+        assert pair.members[0] in formed[0].members
+        assert not [c for c in sp.log if c["action"] == "copy"][3:]   # nobody reloaded
+        again = sp.submit(formed[0], executor.denoise, request_inputs(), STEPS)[0].result()
+        assert torch.equal(again, uninterrupted)
