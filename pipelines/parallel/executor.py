@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,7 +36,7 @@ class ExecutorState:
     version: int | None = None
     epoch: int | None = None
     rendezvous: dist.TCPStore | None = None
-    timings: dict = field(default_factory=dict)
+    ddp: tuple | None = None    # (epoch, the model wrapped for data-parallel training)
 
 
 STATE = ExecutorState()
@@ -79,6 +79,7 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
                            f"{version}: copy the weights before forming the group")
     started = time.perf_counter()
     leave()
+    STATE.ddp = None
     store = STATE.rendezvous if rank == 0 else dist.TCPStore(
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
@@ -139,6 +140,10 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     if STATE.epoch != epoch:
         raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}: "
                            "form the group first")
+    if STATE.ddp is not None:   # the group trained last: back to sequence parallelism
+        STATE.ddp = None
+        STATE.model.eval().requires_grad_(False)
+        ulysses.enable(STATE.model, dist.group.WORLD)
     out = ulysses.forward(STATE.model, dist.group.WORLD, **inputs)
     return out if dist.get_rank() == 0 else None
 
@@ -155,6 +160,37 @@ def denoise(epoch: int, inputs: dict, steps: int) -> torch.Tensor | None:
             latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
         dist.broadcast(latents, src=0)
     return latents if dist.get_rank() == 0 else None
+
+
+def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
+               version: int) -> dict | None:
+    """One data-parallel training step of the group: each member takes its equal share of the
+    batch (along the batch axis), DDP averages the gradients over the group, every member
+    applies the same SGD step and then holds weights ``version``. Rank 0 returns the averaged
+    gradients (the single-process step's on the whole batch, a test checks)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if STATE.epoch != epoch:
+        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}")
+    model = STATE.model
+    if STATE.ddp is None or STATE.ddp[0] != epoch:
+        ulysses.disable(model)   # the group is data-parallel: whole sequences, full attention
+        model.train().requires_grad_(True)
+        STATE.ddp = (epoch, DistributedDataParallel(model, find_unused_parameters=True))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size = target.shape[0] // world
+    mine = slice(rank * size, (rank + 1) * size)
+    shard = {k: v[mine] for k, v in batch.items()}
+    model.zero_grad(set_to_none=True)
+    out = STATE.ddp[1](**shard, return_dict=False)[0]
+    torch.nn.functional.mse_loss(out, target[mine]).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    STATE.version = version
+    return grads if rank == 0 else None
 
 
 def holds() -> int | None:
