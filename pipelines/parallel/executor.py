@@ -148,18 +148,46 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     return out if dist.get_rank() == 0 else None
 
 
-def denoise(epoch: int, inputs: dict, steps: int) -> torch.Tensor | None:
+def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
+            request: str | None = None) -> dict | None:
     """A request of ``steps`` Euler steps from ``inputs``' latents (sigma 1 -> 0), each step an
-    SP forward; rank 0 returns the final latents."""
-    latents = inputs["hidden_states"]
+    SP forward; rank 0 returns the final ``latents`` and the step it ``resumed_from``. With a run store ``url``, rank 0 commits
+    every step's latent under ``request`` (stage ``sp``), and a request that was cut off --
+    its group broken by a lost member -- resumes on whatever group runs it next from its last
+    committed step."""
+    rank = dist.get_rank()
+    store = sink = None
+    start, latents = 0, inputs["hidden_states"]
+    if url is not None and rank == 0:
+        from storage import RunStore
+
+        store = RunStore.open(url, create=False)
+        point = store.resume_point("sp", request)
+        if point is not None:
+            start, latents = point.step, torch.from_numpy(point.latent)
+        sink = store.latent_sink("sp", commit_interval_s=0.0)
+    begin = torch.tensor([start])
+    dist.broadcast(begin, src=0)   # where the request stands, for every member
+    start = int(begin.item())
+    latents = latents.clone()
+    dist.broadcast(latents, src=0)
     sigmas = torch.linspace(1.0, 0.0, steps + 1)
-    for k in range(steps):
-        velocity = forward(epoch, {**inputs, "hidden_states": latents,
-                                   "timestep": sigmas[k].reshape(1)})
-        if dist.get_rank() == 0:
-            latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
-        dist.broadcast(latents, src=0)
-    return latents if dist.get_rank() == 0 else None
+    try:
+        if sink is not None and start == 0:
+            sink.commit(request, 0, latents.numpy(), num_steps=steps, weights_version=STATE.version)
+        for k in range(start, steps):
+            velocity = forward(epoch, {**inputs, "hidden_states": latents,
+                                       "timestep": sigmas[k].reshape(1)})
+            if rank == 0:
+                latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
+                if sink is not None:
+                    sink.commit(request, k + 1, latents.numpy(), num_steps=steps,
+                                weights_version=STATE.version)
+            dist.broadcast(latents, src=0)
+    finally:
+        if sink is not None:   # what was computed is kept, also when a peer is lost
+            sink.close(raise_errors=False)
+    return {"latents": latents, "resumed_from": start} if rank == 0 else None
 
 
 def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
