@@ -103,7 +103,9 @@ def regroup_round(bench: Bench, sp: SPGroups, devices: int) -> dict:
             "communicator_s": sum(e["communicator_s"] for e in forms),
             "form_s": regrouped - seen, "first_forward_s": served - regrouped,
             "diff": diff, "newcomer_join_s": time.perf_counter() - joined,
-            "newcomer_copy_s": max((e["s"] for e in copies), default=0.0),
+            # The copy itself; building the model in the fresh process (imports) apart.
+            "newcomer_copy_s": max((e["load_s"] for e in copies), default=0.0),
+            "newcomer_build_s": max((e.get("build_s", 0.0) for e in copies), default=0.0),
             "newcomer_via": sorted({e["via"] for e in copies})}
 
 
@@ -189,6 +191,7 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
             "weight_copy_s": float(np.median([r["newcomer_copy_s"] for r in regroups]))},
         "regroup_without_persistence_s": _percentiles(unkept),
         "newcomer_join_s": _percentiles([r["newcomer_join_s"] for r in regroups]),
+        "newcomer_build_s": float(np.median([r["newcomer_build_s"] for r in regroups])),
         "newcomer_copy_via": sorted({v for r in regroups for v in r["newcomer_via"]}),
         "wall_s": time.monotonic() - started, "machine": machine(),
     }
