@@ -17,7 +17,7 @@ from distributed import Client, wait
 from pipelines.parallel import executor
 from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
                                            ExecutorLost, FormGroup, Group, Membership,
-                                           WeightsLoaded)
+                                           WeightsLoaded, WeightsTrained)
 
 
 def node_of(address: str) -> str:
@@ -39,6 +39,11 @@ class SPGroups:
     log: list[dict] = field(default_factory=list)   # what each action took
 
     def __post_init__(self) -> None:
+        from spotlight.parallel.ulysses import check_degree
+
+        heads = self.spec["config"].get("num_attention_heads")
+        for degree in self.degrees:   # an impossible degree fails here, not in a collective
+            check_degree(degree, heads=heads)
         self.membership = Membership(degrees=self.degrees, version=self.version)
 
     # -- membership changes ----------------------------------------------------------------
@@ -51,6 +56,11 @@ class SPGroups:
     def lost(self, address: str) -> list[Group]:
         """A worker is gone; the survivors regroup. Returns the groups formed."""
         return self._carry_out(self.membership.handle(ExecutorLost(address)))
+
+    def trained(self, version: int, group: Group) -> None:
+        """``group`` trained ``version`` in place; every other executor copies it from them."""
+        self.version = version
+        self._carry_out(self.membership.handle(WeightsTrained(version, group.members)))
 
     def forward(self, group: Group, inputs: dict):
         """One SP forward of ``inputs`` on ``group``: the whole output."""

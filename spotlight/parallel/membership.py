@@ -68,6 +68,14 @@ class WeightsLoaded:
 
 
 @dataclass(frozen=True)
+class WeightsTrained:
+    """A group trained a new version in place: its members (``holders``) hold it already, the
+    other executors copy it from them."""
+    version: int
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class WeightsPublished:
     """Training committed a new version; executors must hold it before serving again."""
     version: int
@@ -93,7 +101,7 @@ class DissolveGroup:
     reason: str
 
 
-Event = ExecutorJoined | ExecutorLost | WeightsLoaded | WeightsPublished
+Event = ExecutorJoined | ExecutorLost | WeightsLoaded | WeightsPublished | WeightsTrained
 Action = CopyWeights | FormGroup | DissolveGroup
 
 
@@ -187,6 +195,23 @@ class Membership:
                            if source == executor.name else
                            CopyWeights(executor.name, self.version, source, "shared-memory"))
         return actions
+
+    def _on_WeightsTrained(self, event: WeightsTrained) -> list[Action]:
+        if event.version <= self.version:
+            raise ValueError(f"weights version {event.version} trained after {self.version}; "
+                             "versions only grow")
+        holders = [self.executors[h] for h in event.holders if h in self.executors
+                   and self.executors[h].state is not ExecutorState.GONE]
+        if not holders:
+            raise ValueError(f"weights version {event.version}: none of its holders "
+                             f"{list(event.holders)} is a live executor")
+        self.version = event.version
+        for holder in holders:
+            holder.version, holder.state = event.version, ExecutorState.READY
+        others = [e for e in self._live() if e not in holders]
+        for executor in others:
+            executor.state = ExecutorState.LOADING
+        return [self._copy_to(e) for e in others]
 
     # -- helpers ---------------------------------------------------------------------------
     def _live(self) -> list[Executor]:

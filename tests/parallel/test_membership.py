@@ -5,7 +5,7 @@ import pytest
 
 from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
                                            ExecutorLost, FormGroup, Membership, WeightsLoaded,
-                                           WeightsPublished, pack)
+                                           WeightsPublished, WeightsTrained, pack)
 
 
 def node_of_eight(degrees=(4, 2, 1)) -> Membership:
@@ -95,3 +95,16 @@ def test_bad_events_are_named():
     with pytest.raises(ValueError, match="SP degrees >= 1"):
         Membership(degrees=(0,))
     assert m.handle(ExecutorLost("nobody")) == []
+
+
+def test_a_trained_version_is_copied_from_the_trainers_to_the_rest():
+    m = node_of_eight((4,))
+    trainers = m.group_of("a0")
+    actions = m.handle(WeightsTrained(1, trainers.members))
+    assert actions == [CopyWeights(f"a{i}", 1, "a0", "shared-memory") for i in range(4, 8)]
+    assert [g.members for g in m.serving()] == [trainers.members]   # the others copy first
+    for i in range(4, 8):
+        assert m.handle(WeightsLoaded(f"a{i}", 1)) == []
+    assert len(m.serving()) == 2
+    with pytest.raises(ValueError, match="none of its holders"):
+        m.handle(WeightsTrained(2, ("nobody",)))
