@@ -27,7 +27,7 @@ import torch
 
 from pipelines.bench import machine, register_bench
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups
+from pipelines.parallel.groups import SPGroups, live_workers
 
 # A tiny real-format transformer with 4 heads (so degrees 1, 2 and 4 divide them), 16 x 16
 # image tokens and 8 text tokens.
@@ -58,7 +58,7 @@ class Bench:
         self.client, self.url, self.reference = client, url, reference
 
     def workers(self) -> list[str]:
-        return sorted(self.client.scheduler_info()["workers"])
+        return live_workers(self.client)
 
     def wait_for(self, count: int, gone: str | None = None) -> list[str]:
         while len(self.workers()) != count or gone in self.workers():

@@ -25,7 +25,10 @@ import torch.distributed as dist
 
 from spotlight.parallel import ulysses
 
-JOIN_TIMEOUT = timedelta(seconds=60)
+# A join completes in milliseconds; a member that died before joining must not hold the
+# others (each a worker's only thread) for long. torch ties the group's collectives to the
+# same timeout: a member waits at most this long for a peer within one SP step.
+JOIN_TIMEOUT = timedelta(seconds=15)
 # Node-local shared memory (tmpfs) where it exists; the temp folder otherwise.
 SHARED_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
 

@@ -12,12 +12,25 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from distributed import Client, wait
+from distributed import Client
 
 from pipelines.parallel import executor
 from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
                                            ExecutorLost, FormGroup, Group, Membership,
                                            WeightsLoaded, WeightsTrained)
+
+
+POLL_S = 0.01   # how often a wait checks that its workers are still there
+
+
+def _addresses(dask_scheduler) -> list[str]:
+    return sorted(dask_scheduler.workers)
+
+
+def live_workers(client: Client) -> list[str]:
+    """The workers the scheduler knows now (asked directly: ``client.scheduler_info()`` may
+    hand back a periodically refreshed copy without per-worker entries)."""
+    return client.run_on_scheduler(_addresses)
 
 
 def node_of(address: str) -> str:
@@ -74,6 +87,21 @@ class SPGroups:
 
     # -- actions -----------------------------------------------------------------------------
     def _carry_out(self, actions: list) -> list[Group]:
+        """Carry ``actions`` out, and the actions they lead to. An executor lost meanwhile
+        (a task pinned to it would wait for ever) is a loss like any other: the groups regroup
+        and the copies still wanted are issued again."""
+        formed: list[Group] = []
+        while actions:
+            try:
+                formed += self._step(actions)
+                actions = []
+            except ExecutorGone as gone:
+                self.log.append({"action": "lost-meanwhile", "executor": gone.address})
+                actions = self.membership.handle(ExecutorLost(gone.address)) \
+                    + self.membership.pending_copies()
+        return [g for g in formed if g.name in self.membership.groups]
+
+    def _step(self, actions: list) -> list[Group]:
         formed: list[Group] = []
         while actions:
             copies = [a for a in actions if isinstance(a, CopyWeights)]
@@ -87,13 +115,25 @@ class SPGroups:
                                      "reason": action.reason})
             formed += self._form(forms)
             actions = [a for done in self._copy(copies) for a in self.membership.handle(done)]
-        return [g for g in formed if g.name in self.membership.groups]
+        return formed
+
+    def _await(self, futures: list, pinned: set[str]) -> list:
+        """The results of ``futures`` pinned to the ``pinned`` workers; :class:`ExecutorGone`
+        as soon as one of those workers has left the cluster."""
+        while not all(f.done() for f in futures):
+            gone = sorted(pinned - set(live_workers(self.client)))
+            if gone:
+                self.client.cancel(futures)
+                raise ExecutorGone(gone[0])
+            time.sleep(POLL_S)
+        return [f.result() for f in futures]
 
     def _copy(self, copies: list[CopyWeights]) -> list[WeightsLoaded]:
         """Every copy at once; the events of the finished ones."""
-        futures = {}
+        futures, pinned = [], set()
         for copy in copies:
             target = dict(workers=[copy.executor], pure=False, allow_other_workers=False)
+            pinned |= {copy.executor} | ({copy.source} if copy.source else set())
             if copy.via == "store":
                 future = self.client.submit(executor.load_from_store, self.spec, self.url,
                                             copy.version, **target)
@@ -107,31 +147,38 @@ class SPGroups:
                                              pure=False, allow_other_workers=False)
                 future = self.client.submit(executor.load_weights, self.spec, weights,
                                             copy.version, **target)
-            futures[future] = copy
+            futures.append(future)
         started = time.perf_counter()
-        wait(list(futures))
-        events = []
-        for future, copy in futures.items():
+        results = self._await(futures, pinned)
+        for copy, result in zip(copies, results):
             self.log.append({"action": "copy", "executor": copy.executor, "via": copy.via,
-                             "s": time.perf_counter() - started, **future.result()})
-            events.append(WeightsLoaded(copy.executor, copy.version))
-        return events
+                             "s": time.perf_counter() - started, **result})
+        return [WeightsLoaded(copy.executor, copy.version) for copy in copies]
 
     def _form(self, groups: list[Group]) -> list[Group]:
         """A rendezvous on each group's rank 0, then all members of all groups join at once."""
         if not groups:
             return []
         started = time.perf_counter()
+        members = {m for g in groups for m in g.members}
         rendezvous = [self.client.submit(executor.open_rendezvous, workers=[g.members[0]],
                                          pure=False, allow_other_workers=False) for g in groups]
         joins = []
-        for group, place in zip(groups, self.client.gather(rendezvous)):
+        for group, place in zip(groups, self._await(rendezvous, members)):
             joins += [self.client.submit(executor.join, group.epoch, rank, group.degree, *place,
                                          self.version, workers=[member], pure=False,
                                          allow_other_workers=False)
                       for rank, member in enumerate(group.members)]
-        results = self.client.gather(joins)
+        results = self._await(joins, members)
         self.log.append({"action": "form", "groups": [g.members for g in groups],
                          "s": time.perf_counter() - started,
                          "communicator_s": max(r["communicator_s"] for r in results)})
         return groups
+
+
+class ExecutorGone(RuntimeError):
+    """A worker that tasks were pinned to left the cluster."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"executor {address} left the cluster")
+        self.address = address

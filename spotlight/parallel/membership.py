@@ -142,6 +142,11 @@ class Membership:
         return [g for g in self.groups.values() if (degree is None or g.degree == degree)
                 and all(self.executors[m].state is ExecutorState.READY for m in g.members)]
 
+    def pending_copies(self) -> list[CopyWeights]:
+        """A copy for every live executor still without the current weights, from whoever
+        holds them now (after a loss took a copy's source away)."""
+        return [self._copy_to(e) for e in self._live() if e.state is ExecutorState.LOADING]
+
     def group_of(self, executor: str) -> Group | None:
         name = self.executors[executor].group if executor in self.executors else None
         return self.groups.get(name) if name else None

@@ -8,7 +8,7 @@ import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups
+from pipelines.parallel.groups import SPGroups, live_workers
 
 pytestmark = pytest.mark.timeout(300)
 LR = 0.05
@@ -51,8 +51,9 @@ def test_ddp_steps_over_executors_equal_single_process_steps(tmp_path):
     batch, target = batch_and_target()
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
         sp = SPGroups(client, SPEC, url, 0, (2,))
-        sp.add(sorted(client.scheduler_info()["workers"]))
+        sp.add(live_workers(client))
         group = sp.membership.serving()[0]
         for step in (1, 2):
             grads = sp.submit(group, executor.train_step, batch, target, LR, step)[0].result()
@@ -84,8 +85,9 @@ def test_a_group_that_loses_a_member_trains_on_with_a_new_one(tmp_path):
     batch, target = batch_and_target()
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
-        sp.add(sorted(client.scheduler_info()["workers"]))
+        sp.add(live_workers(client))
         pair = max(sp.membership.serving(), key=lambda g: g.degree)
         spare = next(g for g in sp.membership.serving() if g.degree == 1).members[0]
         sp.submit(pair, executor.train_step, batch, target, LR, 1)[0].result()

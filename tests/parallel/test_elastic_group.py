@@ -12,7 +12,7 @@ import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups
+from pipelines.parallel.groups import SPGroups, live_workers
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 150
@@ -40,11 +40,12 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
     expected = single_process(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
-        sp.add(sorted(client.scheduler_info()["workers"]))
+        sp.add(live_workers(client))
         pair = max(sp.membership.serving(), key=lambda g: g.degree)
         assert pair.degree == 2 and [c["via"] for c in sp.log if c["action"] == "copy"] == \
-            ["store"] * 3
+            ["store"] * 3, sp.log
         uninterrupted = sp.submit(pair, executor.denoise, request_inputs(),
                                   STEPS)[0].result()["latents"]
         assert (uninterrupted - expected).abs().max() <= 1e-5
@@ -77,8 +78,9 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     expected = single_process(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
-        sp.add(sorted(client.scheduler_info()["workers"]))
+        sp.add(live_workers(client))
         pair = max(sp.membership.serving(), key=lambda g: g.degree)
         futures = sp.submit(pair, executor.denoise, request_inputs(), STEPS, url, "r0")
         while (store.resume_point("sp", "r0") or (0,))[0] < 20:

@@ -108,3 +108,12 @@ def test_a_trained_version_is_copied_from_the_trainers_to_the_rest():
     assert len(m.serving()) == 2
     with pytest.raises(ValueError, match="none of its holders"):
         m.handle(WeightsTrained(2, ("nobody",)))
+
+
+def test_copies_still_wanted_after_their_source_is_lost_come_from_another_peer():
+    m = node_of_eight((4,))
+    m.handle(ExecutorLost("a7"))
+    assert m.handle(ExecutorJoined("a8", "node-a")) == [
+        CopyWeights("a8", 0, "a0", "shared-memory")]
+    m.handle(ExecutorLost("a0"))   # the source went before the copy finished
+    assert m.pending_copies() == [CopyWeights("a8", 0, "a1", "shared-memory")]

@@ -1,0 +1,42 @@
+"""SP groups as workers of the pull dispatcher, while members are SIGKILLed: every request
+completes with the uninterrupted result, a cut one resumed from its committed steps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.parallel import executor
+from pipelines.parallel.groups import SPGroups, live_workers
+from pipelines.parallel.serve import GroupServer, after_committed, kill_when
+from tests.parallel.test_elastic_group import single_process
+
+pytestmark = pytest.mark.timeout(400)
+STEPS = 60
+
+
+def test_requests_survive_members_killed_under_them(tmp_path):
+    from distributed import Client, LocalCluster
+
+    from storage import RunStore
+
+    torch.manual_seed(0)
+    model = executor.build_model(SPEC)
+    url = f"file://{tmp_path}/run"
+    RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
+    requests = {f"r{i}": request_inputs(seed=10 + i) for i in range(4)}
+    expected = {name: single_process(model, inputs, STEPS) for name, inputs in requests.items()}
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(4)
+        sp = SPGroups(client, SPEC, url, 0, (2,))
+        sp.add(live_workers(client))
+        assert [g.degree for g in sp.membership.serving()] == [2, 2]
+        served = GroupServer(sp, requests, STEPS, url).run(
+            kill_when([after_committed(10), after_committed(10)]))
+    assert served.losses == 2
+    assert sorted(served.results) == sorted(requests)
+    for name in requests:
+        assert float((served.results[name] - expected[name]).abs().max()) <= 1e-5, name
+    cut = [n for n, a in served.attempts.items() if a > 1]
+    assert cut and all(served.resumed_from[n] >= 10 for n in cut)   # not from the start
