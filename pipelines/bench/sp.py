@@ -145,6 +145,37 @@ def cold_start(bench: Bench) -> float:
     return time.perf_counter() - started
 
 
+def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
+          steps: int = 60) -> dict:
+    """Requests on SP pairs under the pull dispatcher while members are SIGKILLed at
+    ``kills_s`` (seconds after serving begins, one member of a busy pair each): every request
+    against its uninterrupted single-process result."""
+    from pipelines.parallel.serve import GroupServer, after_seconds, kill_when
+
+    inputs = {f"r{i}": request_inputs(seed=100 + i) for i in range(requests)}
+    sp = SPGroups(client, SPEC, url, 0, (2,))
+    sp.add(live_workers(client))
+    started = time.perf_counter()
+    served = GroupServer(sp, inputs, steps, url).run(kill_when([after_seconds(t) for t in kills_s]))
+    wall = time.perf_counter() - started
+    diffs = {}
+    for name, request in inputs.items():
+        expected = request["hidden_states"]
+        sigmas = torch.linspace(1.0, 0.0, steps + 1)
+        with torch.no_grad():
+            for k in range(steps):
+                velocity = model(**{**request, "hidden_states": expected,
+                                    "timestep": sigmas[k].reshape(1)}, return_dict=False)[0]
+                expected = expected + (sigmas[k + 1] - sigmas[k]) * velocity
+        diffs[name] = float((served.results[name] - expected).abs().max())
+    cut = [n for n, a in served.attempts.items() if a > 1]
+    return {"requests": requests, "steps": steps, "kills": served.losses,
+            "completed": len(served.results), "max_abs_diff": max(diffs.values()),
+            "identical": sum(d == 0.0 for d in diffs.values()),
+            "cut": len(cut), "resumed_steps": sum(served.resumed_from[n] for n in cut),
+            "wall_s": wall}
+
+
 @register_bench("sp")
 def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
              **_: object) -> dict:
@@ -176,6 +207,7 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
         sp = bench.groups((4, 2, 1))
         sp.add(bench.workers())
         regroups = [regroup_round(bench, sp, devices) for _ in range(rounds)]
+        under_kills = chaos(client, url, model, [1.0, 3.0, 5.0] if not quick else [1.0])
         unkept = [without_persistence(bench, devices) for _ in range(max(1, rounds // 2))]
         colds = [cold_start(bench) for _ in range(max(1, rounds // 2))]
     regroup = _percentiles([r["regroup_s"] for r in regroups])
@@ -193,5 +225,6 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
         "newcomer_join_s": _percentiles([r["newcomer_join_s"] for r in regroups]),
         "newcomer_build_s": float(np.median([r["newcomer_build_s"] for r in regroups])),
         "newcomer_copy_via": sorted({v for r in regroups for v in r["newcomer_via"]}),
+        "chaos": under_kills,
         "wall_s": time.monotonic() - started, "machine": machine(),
     }
