@@ -54,7 +54,15 @@ class GroupServer:
                 self._finished(future)
             on_tick(self)
             self._sync_groups()
+            self._forget_broken()
         return self.served
+
+    def _forget_broken(self) -> None:
+        """Stop waiting on attempts whose group was dissolved: the dispatcher has requeued
+        their requests, and a result lost with a dead rank 0 would never come."""
+        for future, (_, _, group, _) in list(self.running.items()):
+            if group not in self.sp.membership.groups and not future.done():
+                del self.running[future]
 
     # -- membership <-> dispatcher --------------------------------------------------------------
     def lost(self, address: str) -> None:
@@ -88,10 +96,11 @@ class GroupServer:
 
     def _finished(self, future) -> None:
         request, attempt, group, futures = self.running.pop(future)
+        # Rank 0's answer is the request's; the other members' futures are dropped unread (a
+        # finished one whose worker died since would be recomputed, pinned to that worker).
+        del futures
         if future.status != "finished":
             return   # its group broke: the loss requeues the request (resumed from its commits)
-        for other in futures[1:]:
-            other.result()
         out = future.result()
         self.served.results[request] = out["latents"]
         self.served.resumed_from[request] = out["resumed_from"]
