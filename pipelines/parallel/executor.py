@@ -193,6 +193,17 @@ def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
     return {"latents": latents, "resumed_from": start} if rank == 0 else None
 
 
+@torch.no_grad()
+def denoise_alone(model, inputs: dict, steps: int) -> torch.Tensor:
+    """What :func:`denoise` computes, in one process: the reference a group must match."""
+    latents, sigmas = inputs["hidden_states"], torch.linspace(1.0, 0.0, steps + 1)
+    for k in range(steps):
+        velocity = model(**{**inputs, "hidden_states": latents,
+                            "timestep": sigmas[k].reshape(1)}, return_dict=False)[0]
+        latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
+    return latents
+
+
 def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
                version: int) -> dict | None:
     """One data-parallel training step of the group: each member takes its equal share of the

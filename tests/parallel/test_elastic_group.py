@@ -18,16 +18,6 @@ pytestmark = pytest.mark.timeout(300)
 STEPS = 150
 
 
-def single_process(model, inputs: dict, steps: int) -> torch.Tensor:
-    latents, sigmas = inputs["hidden_states"], torch.linspace(1.0, 0.0, steps + 1)
-    with torch.no_grad():
-        for k in range(steps):
-            velocity = model(**{**inputs, "hidden_states": latents,
-                                "timestep": sigmas[k].reshape(1)}, return_dict=False)[0]
-            latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
-    return latents
-
-
 def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(tmp_path):
     from distributed import Client, LocalCluster
 
@@ -37,7 +27,7 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
     model = executor.build_model(SPEC)
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
-    expected = single_process(model, request_inputs(), STEPS)
+    expected = executor.denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
@@ -75,7 +65,7 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     url = f"file://{tmp_path}/run"
     store = RunStore.open(url)
     store.save_checkpoint(0, model.state_dict(), None)
-    expected = single_process(model, request_inputs(), STEPS)
+    expected = executor.denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)

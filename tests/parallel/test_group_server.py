@@ -9,7 +9,6 @@ from pipelines.bench.sp import SPEC, request_inputs
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, live_workers
 from pipelines.parallel.serve import GroupServer, after_committed, kill_when
-from tests.parallel.test_elastic_group import single_process
 
 pytestmark = pytest.mark.timeout(400)
 STEPS = 60
@@ -25,7 +24,7 @@ def test_requests_survive_members_killed_under_them(tmp_path):
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     requests = {f"r{i}": request_inputs(seed=10 + i) for i in range(4)}
-    expected = {name: single_process(model, inputs, STEPS) for name, inputs in requests.items()}
+    expected = {name: executor.denoise_alone(model, inputs, STEPS) for name, inputs in requests.items()}
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(4)
