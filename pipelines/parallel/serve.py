@@ -36,7 +36,7 @@ class GroupServer:
     def __init__(self, sp: SPGroups, requests: dict, steps: int, url: str) -> None:
         self.sp, self.requests, self.steps, self.url = sp, requests, steps, url
         self.dispatcher = Dispatcher()
-        self.running: dict = {}   # rank 0's future -> (request, attempt, group name)
+        self.running: dict = {}   # rank 0's future -> (request, attempt, group, all futures)
         self.served = Served()
         self._groups: set[str] = set()
 
