@@ -17,8 +17,6 @@ real-format ``QwenImageTransformer2DModel`` whose weights lie in a run store. Th
 """
 from __future__ import annotations
 
-import os
-import signal
 import tempfile
 import time
 
@@ -27,7 +25,7 @@ import torch
 
 from pipelines.bench import machine, register_bench
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups, live_workers
+from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 
 # A tiny real-format transformer with 4 heads (so degrees 1, 2 and 4 divide them), 16 x 16
 # image tokens and 8 text tokens.
@@ -73,18 +71,13 @@ class Bench:
         group = max(sp.membership.serving(), key=lambda g: g.degree)
         return float((sp.forward(group, request_inputs()) - self.reference).abs().max())
 
-    def kill(self, address: str) -> float:
-        pid = self.client.run(os.getpid, workers=[address])[address]
-        started = time.perf_counter()
-        os.kill(pid, signal.SIGKILL)
-        return started
 
 
 def regroup_round(bench: Bench, sp: SPGroups, devices: int) -> dict:
     """Kill a member of the largest group; the survivors regroup and serve; the newcomer the
     nanny starts rejoins from a peer's shared memory."""
     victim = max(sp.membership.serving(), key=lambda g: g.degree).members[-1]
-    started = bench.kill(victim)
+    started = kill_executors(bench.client, [victim])
     bench.wait_for(devices - 1, gone=victim)
     seen = time.perf_counter()
     formed_log = len(sp.log)
@@ -113,10 +106,7 @@ def restarted(bench: Bench, killed: list[str], wanted: int) -> tuple[float, list
     """SIGKILL ``killed``; wait until their nannies have started ``wanted`` fresh processes;
     return when the kill happened and the fresh workers."""
     before = set(bench.workers())
-    pids = bench.client.run(os.getpid, workers=killed)
-    started = time.perf_counter()
-    for pid in pids.values():
-        os.kill(pid, signal.SIGKILL)
+    started = kill_executors(bench.client, killed)
     while True:
         fresh = [w for w in bench.workers() if w not in before]
         if len(fresh) >= wanted:

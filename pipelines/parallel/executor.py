@@ -53,17 +53,23 @@ def build_model(spec: dict) -> torch.nn.Module:
     return QwenImageTransformer2DModel(**spec["config"]).eval().requires_grad_(False)
 
 
-def load_from_store(spec: dict, url: str, version: int) -> dict:
-    """Build the model and load ``version``'s weights from the run store (a cold start)."""
-    from storage import RunStore
-
+def _install(spec: dict, weights, version: int) -> dict:
+    """Take ``weights()`` (a state dict) as ``version``, building the model first if this
+    process has none; the seconds of each part."""
     started = time.perf_counter()
-    STATE.model = build_model(spec)
+    STATE.model = STATE.model or build_model(spec)
     built = time.perf_counter()
-    checkpoint = RunStore.open(url, create=False).load_checkpoint(version)
-    STATE.model.load_state_dict(checkpoint.weights)
+    STATE.model.load_state_dict(weights())
     STATE.version = version
     return {"build_s": built - started, "load_s": time.perf_counter() - built}
+
+
+def load_from_store(spec: dict, url: str, version: int) -> dict:
+    """Load ``version``'s weights from the run store (a cold start)."""
+    from storage import RunStore
+
+    return _install(spec, lambda: RunStore.open(url, create=False).load_checkpoint(
+        version).weights, version)
 
 
 def open_rendezvous() -> tuple[str, int]:
@@ -82,7 +88,6 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
                            f"{version}: copy the weights before forming the group")
     started = time.perf_counter()
     leave()
-    STATE.ddp = None
     store = STATE.rendezvous if rank == 0 else dist.TCPStore(
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
@@ -96,7 +101,9 @@ def leave() -> None:
     """Leave the current group, if any (its communicator is dropped, the model kept)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    STATE.epoch = None
+    if STATE.ddp is not None:   # it trained last: serving again takes the model as it was
+        STATE.model.eval().requires_grad_(False)
+    STATE.epoch = STATE.ddp = None
 
 
 def share_weights() -> str:
@@ -105,6 +112,9 @@ def share_weights() -> str:
     from safetensors.torch import save_file
 
     path = SHARED_DIR / f"spotlight-weights-{os.getpid()}-v{STATE.version}.safetensors"
+    for older in SHARED_DIR.glob(f"spotlight-weights-{os.getpid()}-v*.safetensors"):
+        if older != path:   # shared memory is the node's RAM: one version per executor
+            older.unlink(missing_ok=True)
     if not path.exists():
         tmp = path.with_suffix(".partial")
         save_file({k: v.contiguous() for k, v in STATE.model.state_dict().items()}, str(tmp))
@@ -113,15 +123,10 @@ def share_weights() -> str:
 
 
 def load_shared(spec: dict, path: str, version: int) -> dict:
-    """Build the model and take the weights a peer on this node put in shared memory."""
+    """Take the weights a peer on this node put in shared memory."""
     from safetensors.torch import load_file
 
-    started = time.perf_counter()
-    STATE.model = STATE.model or build_model(spec)
-    built = time.perf_counter()
-    STATE.model.load_state_dict(load_file(path))
-    STATE.version = version
-    return {"build_s": built - started, "load_s": time.perf_counter() - built}
+    return _install(spec, lambda: load_file(path), version)
 
 
 def export_weights() -> dict:
@@ -131,11 +136,7 @@ def export_weights() -> dict:
 
 
 def load_weights(spec: dict, weights: dict, version: int) -> dict:
-    started = time.perf_counter()
-    STATE.model = STATE.model or build_model(spec)
-    STATE.model.load_state_dict(weights)
-    STATE.version = version
-    return {"load_s": time.perf_counter() - started}
+    return _install(spec, lambda: weights, version)
 
 
 def forward(epoch: int, inputs: dict) -> torch.Tensor | None:

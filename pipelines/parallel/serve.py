@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups, live_workers
+from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
                                            WorkerJoined, WorkerLost)
 
@@ -114,9 +114,6 @@ def kill_when(conditions: list[Condition]) -> Callable[["GroupServer"], None]:
     """An ``on_tick`` that, each time the next of ``conditions`` names a busy group, SIGKILLs
     that group's last member and reports the loss; and lets the fresh processes the nannies
     start rejoin (copying the weights from a peer)."""
-    import os
-    import signal
-
     left = list(conditions)
 
     def tick(server: GroupServer) -> None:
@@ -130,7 +127,7 @@ def kill_when(conditions: list[Condition]) -> Callable[["GroupServer"], None]:
             return
         left.pop(0)
         victim = server.sp.membership.groups[group].members[-1]
-        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        kill_executors(client, [victim])
         while victim in live_workers(client):
             time.sleep(0.005)
         server.lost(victim)

@@ -243,12 +243,12 @@ class Membership:
         # then the rest in join order -- so packing leaves an intact group as it is.
         intact = {g.name: g for g in self.groups.values() if g.node == node and all(
             self.executors[m].state is not ExecutorState.GONE for m in g.members)}
-        order = list(self.executors)
+        order = {name: i for i, name in enumerate(self.executors)}
 
         def place(name: str) -> tuple:
             group = intact.get(self.executors[name].group or "")
             if group is None:
-                return (1, 0, 0, order.index(name))
+                return (1, 0, 0, order[name])
             return (0, -group.degree, group.epoch, group.members.index(name))
 
         ready.sort(key=place)

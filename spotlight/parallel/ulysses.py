@@ -213,10 +213,7 @@ def forward_shard(transformer, group, hidden_states: torch.Tensor, **kwargs) -> 
 def forward(transformer, group, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
     """The transformer's output for the whole sequence, computed by the group (``enable``
     first) and gathered on every member: for sampling."""
-    out = forward_shard(transformer, group, hidden_states, **kwargs)
-    pieces = [torch.empty_like(out) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, out.contiguous(), group=group)
-    return torch.cat(pieces, dim=1)
+    return gather(forward_shard(transformer, group, hidden_states, **kwargs), 1, group)
 
 
 def sum_gradients(parameters, group) -> None:

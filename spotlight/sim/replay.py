@@ -7,8 +7,9 @@ worker, stale exploration on the spot worker from the iteration's start (or the 
 until the deadline; a spot worker shared with the rollout pulls its requests after the stale
 tasks it ran first, as recorded -- and sums the critical path, with the driver's seconds at
 each boundary of it (task round trips, seed selection, manifest writes:
-``timing.driver_s_per_stage`` at paper scale). That one parameter is calibrated out of sample: each iteration is replayed with
-the median driver seconds of the *other* compared iterations, never its own. Validation is not
+``timing.driver_s_per_stage`` at paper scale). That one parameter is calibrated out of
+sample: each iteration is replayed with the median driver seconds of the *other* compared
+iterations, never its own. Validation is not
 a task, so validated iterations are not compared, nor the first, which warms the workers up.
 """
 from __future__ import annotations

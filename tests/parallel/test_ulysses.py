@@ -23,7 +23,7 @@ def free_port() -> int:
 def run_group(world: int, tmp_path, backward: bool = False) -> list[dict]:
     mp.start_processes(member, args=(world, free_port(), str(tmp_path), backward),
                        nprocs=world, start_method="spawn")
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
 @pytest.mark.parametrize("world", [2, 4])
