@@ -140,15 +140,16 @@ def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
     """Requests on SP pairs under the pull dispatcher while members are SIGKILLed at
     ``kills_s`` (seconds after serving begins, one member of a busy pair each): every request
     against its uninterrupted single-process result."""
-    from pipelines.parallel.serve import GroupServer, after_seconds, kill_when
+    from pipelines.parallel.serve import GroupServer, after_seconds, denoise_requests, kill_when
 
     inputs = {f"r{i}": request_inputs(seed=100 + i) for i in range(requests)}
     sp = SPGroups(client, SPEC, url, 0, (2,))
     sp.add(live_workers(client))
     started = time.perf_counter()
-    served = GroupServer(sp, inputs, steps, url).run(kill_when([after_seconds(t) for t in kills_s]))
+    served = GroupServer(sp, denoise_requests(inputs, steps, url)).run(
+        kill_when([after_seconds(t) for t in kills_s]))
     wall = time.perf_counter() - started
-    diffs = {name: float((served.results[name]
+    diffs = {name: float((served.results[name]["latents"]
                           - executor.denoise_alone(model, request, steps)).abs().max())
              for name, request in inputs.items()}
     cut = [n for n, a in served.attempts.items() if a > 1]

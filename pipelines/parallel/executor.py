@@ -10,6 +10,13 @@ another node), the same model object with its attention processors swapped
 
 A process is in at most one group at a time, so the group is torch.distributed's default
 group, destroyed and initialised again at each membership epoch.
+
+An executor holds one of two things, named by the ``spec`` its tasks carry: a bare transformer
+(``{"config": ...}``: :mod:`pipelines.bench.sp`'s requests), or a run's policy (``{"run":
+(config, store)}``): the worker's :class:`~pipelines.run.tasks.WorkerContext`, which the
+pipeline's other tasks on that worker share -- so its weights version is the context's, and the
+group's attention is switched on only around an SP request
+(:func:`spotlight.parallel.ulysses.sequence_parallel`).
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ class ExecutorState:
     epoch: int | None = None
     rendezvous: dist.TCPStore | None = None
     ddp: tuple | None = None    # (epoch, the model wrapped for data-parallel training)
+    run: bool = False           # holds a run's policy (its context's), not a bare transformer
 
 
 STATE = ExecutorState()
@@ -57,11 +65,41 @@ def _install(spec: dict, weights, version: int) -> dict:
     """Take ``weights()`` (a state dict) as ``version``, building the model first if this
     process has none; the seconds of each part."""
     started = time.perf_counter()
+    if "run" in spec:
+        return _install_run(spec, weights, version, started)
     STATE.model = STATE.model or build_model(spec)
     built = time.perf_counter()
     STATE.model.load_state_dict(weights())
     STATE.version = version
     return {"build_s": built - started, "load_s": time.perf_counter() - built}
+
+
+def run_context(spec: dict):
+    """The worker's context of the run a ``{"run": (config, store)}`` spec names."""
+    from pipelines.run import tasks
+
+    return tasks.context(*spec["run"])
+
+
+def _install_run(spec: dict, weights, version: int, started: float) -> dict:
+    ctx = run_context(spec)
+    built = time.perf_counter()
+    with ctx.lock:
+        if ctx.version != version:   # the trainer's worker may hold it already
+            ctx.policy.load_state_dict(weights())
+            ctx.version, ctx.trainer_version = version, None
+        STATE.model, STATE.version, STATE.run = ctx.policy, version, True
+    return {"build_s": built - started, "load_s": time.perf_counter() - built}
+
+
+def _state_dict(spec: dict | None, version: int | None) -> dict:
+    """The weights this executor holds -- for a run, those of ``version`` (other tasks on the
+    worker may have moved its context to another version since)."""
+    if spec is None or "run" not in spec:
+        return STATE.model.state_dict()
+    ctx = run_context(spec)
+    with ctx.lock:
+        return {k: v.detach().clone() for k, v in ctx.policy_at(version).state_dict().items()}
 
 
 def load_from_store(spec: dict, url: str, version: int) -> dict:
@@ -92,7 +130,8 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
                             rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
-    ulysses.enable(STATE.model, dist.group.WORLD)
+    if not STATE.run:   # a run's policy is shared with other tasks: switched per request
+        ulysses.enable(STATE.model, dist.group.WORLD)
     STATE.epoch = epoch
     return {"communicator_s": time.perf_counter() - started}
 
@@ -106,18 +145,19 @@ def leave() -> None:
     STATE.epoch = STATE.ddp = None
 
 
-def share_weights() -> str:
-    """Put this executor's weights in the node's shared memory (once per version); the file
-    a peer on this node loads them from."""
+def share_weights(spec: dict | None = None, version: int | None = None) -> str:
+    """Put this executor's weights (of ``version``, default the one it holds) in the node's
+    shared memory, once per version; the file a peer on this node loads them from."""
     from safetensors.torch import save_file
 
-    path = SHARED_DIR / f"spotlight-weights-{os.getpid()}-v{STATE.version}.safetensors"
+    version = STATE.version if version is None else version
+    path = SHARED_DIR / f"spotlight-weights-{os.getpid()}-v{version}.safetensors"
     for older in SHARED_DIR.glob(f"spotlight-weights-{os.getpid()}-v*.safetensors"):
         if older != path:   # shared memory is the node's RAM: one version per executor
             older.unlink(missing_ok=True)
     if not path.exists():
         tmp = path.with_suffix(".partial")
-        save_file({k: v.contiguous() for k, v in STATE.model.state_dict().items()}, str(tmp))
+        save_file({k: v.contiguous() for k, v in _state_dict(spec, version).items()}, str(tmp))
         tmp.rename(path)
     return str(path)
 
@@ -129,10 +169,10 @@ def load_shared(spec: dict, path: str, version: int) -> dict:
     return _install(spec, lambda: load_file(path), version)
 
 
-def export_weights() -> dict:
+def export_weights(spec: dict | None = None, version: int | None = None) -> dict:
     """This executor's weights, for a peer on another node (Dask carries them over the
     network)."""
-    return {k: v.clone() for k, v in STATE.model.state_dict().items()}
+    return {k: v.clone() for k, v in _state_dict(spec, version).items()}
 
 
 def load_weights(spec: dict, weights: dict, version: int) -> dict:
@@ -141,9 +181,7 @@ def load_weights(spec: dict, weights: dict, version: int) -> dict:
 
 def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     """This member's part of one SP forward; rank 0 returns the whole output."""
-    if STATE.epoch != epoch:
-        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}: "
-                           "form the group first")
+    check_epoch(epoch)
     if STATE.ddp is not None:   # the group trained last: back to sequence parallelism
         STATE.ddp = None
         STATE.model.eval().requires_grad_(False)
@@ -213,8 +251,7 @@ def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
     gradients (the single-process step's on the whole batch, a test checks)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if STATE.epoch != epoch:
-        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}")
+    check_epoch(epoch)
     model = STATE.model
     if STATE.ddp is None or STATE.ddp[0] != epoch:
         ulysses.disable(model)   # the group is data-parallel: whole sequences, full attention
@@ -239,6 +276,31 @@ def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
 def holds() -> int | None:
     """The weights version this executor holds (None: none)."""
     return STATE.version
+
+
+def check_epoch(epoch: int) -> None:
+    if STATE.epoch != epoch:
+        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}: "
+                           "form the group first")
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """This process's place in its group, for code that runs the same on every member and
+    only lets rank 0 write (:func:`pipelines.run.tasks._sample_streamed`)."""
+
+    rank: int
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def agree(value):
+        """Rank 0's ``value``, on every member."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
 
 def _own_host() -> str:

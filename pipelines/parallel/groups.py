@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from distributed import Client
 
 from pipelines.parallel import executor
 from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
                                            ExecutorLost, FormGroup, Group, Membership,
-                                           WeightsLoaded, WeightsTrained)
+                                           WeightsLoaded, WeightsPublished, WeightsTrained)
 
 
 POLL_S = 0.01   # how often a wait checks that its workers are still there
@@ -54,13 +55,16 @@ def node_of(address: str) -> str:
 @dataclass
 class SPGroups:
     """Executors on ``client``'s workers, grouped by ``degrees``, serving ``version`` of the
-    model ``spec`` whose checkpoint lies in the run store at ``url``."""
+    model ``spec`` whose checkpoint lies in the run store at ``url``. ``node`` says where an
+    executor is: groups never span two nodes (by default a worker's host; the pipeline adds
+    the worker class, so a group is of one class)."""
 
     client: Client
     spec: dict
     url: str
     version: int
     degrees: tuple[int, ...]
+    node: Callable[[str], str] = node_of
     membership: Membership = field(init=False)
     log: list[dict] = field(default_factory=list)   # what each action took
 
@@ -76,12 +80,18 @@ class SPGroups:
     def add(self, addresses: list[str]) -> list[Group]:
         """Workers join as executors (holding nothing); returns the groups formed."""
         actions = [a for address in addresses
-                   for a in self.membership.handle(ExecutorJoined(address, node_of(address)))]
+                   for a in self.membership.handle(ExecutorJoined(address, self.node(address)))]
         return self._carry_out(actions)
 
     def lost(self, address: str) -> list[Group]:
         """A worker is gone; the survivors regroup. Returns the groups formed."""
         return self._carry_out(self.membership.handle(ExecutorLost(address)))
+
+    def published(self, version: int) -> list[Group]:
+        """Training committed ``version`` to the run store: every executor takes it (one per
+        node from the store, its peers from that one's shared memory)."""
+        self.version = version
+        return self._carry_out(self.membership.handle(WeightsPublished(version)))
 
     def trained(self, version: int, group: Group) -> None:
         """``group`` trained ``version`` in place; every other executor copies it from them."""
@@ -127,7 +137,11 @@ class SPGroups:
                     self.log.append({"action": "dissolve", "group": action.group.name,
                                      "reason": action.reason})
             formed += self._form(forms)
-            actions = [a for done in self._copy(copies) for a in self.membership.handle(done)]
+            # A copy from a peer that is itself still receiving the version waits a round.
+            targets = {c.executor for c in copies}
+            later = [c for c in copies if c.source in targets]
+            actions = [a for done in self._copy([c for c in copies if c not in later])
+                       for a in self.membership.handle(done)] + later
         return formed
 
     def _await(self, futures: list, pinned: set[str]) -> list:
@@ -151,13 +165,15 @@ class SPGroups:
                 future = self.client.submit(executor.load_from_store, self.spec, self.url,
                                             copy.version, **target)
             elif copy.via == "shared-memory":
-                path = self.client.submit(executor.share_weights, workers=[copy.source],
-                                          pure=False, allow_other_workers=False)
+                path = self.client.submit(executor.share_weights, self.spec, copy.version,
+                                          workers=[copy.source], pure=False,
+                                          allow_other_workers=False)
                 future = self.client.submit(executor.load_shared, self.spec, path, copy.version,
                                             **target)
             else:
-                weights = self.client.submit(executor.export_weights, workers=[copy.source],
-                                             pure=False, allow_other_workers=False)
+                weights = self.client.submit(executor.export_weights, self.spec, copy.version,
+                                             workers=[copy.source], pure=False,
+                                             allow_other_workers=False)
                 future = self.client.submit(executor.load_weights, self.spec, weights,
                                             copy.version, **target)
             futures.append(future)

@@ -3,9 +3,10 @@
 Requests wait in the project's dispatcher (:mod:`spotlight.scheduling.dispatch`); a group pulls
 one when it is free. When an executor is lost, the groups the membership dissolves are workers
 lost to the dispatcher -- their requests go back to the front of the queue with their committed
-step -- and the groups it forms are workers joining. A request runs
-:func:`pipelines.parallel.executor.denoise`, which commits every step to the run store, so a
-request cut by a loss resumes on whatever group pulls it next, of whatever degree.
+step -- and the groups it forms are workers joining. A request runs one function on every
+member of the group (:func:`pipelines.parallel.executor.denoise`, or the pipeline's SP rollout
+request) that commits every step to the run store, so a request cut by a loss resumes on
+whatever group pulls it next, of whatever degree.
 """
 from __future__ import annotations
 
@@ -23,18 +24,37 @@ from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, Requ
 class Served:
     """What serving the requests did."""
 
-    results: dict = field(default_factory=dict)        # request -> final latents
+    results: dict = field(default_factory=dict)        # request -> rank 0's result
     resumed_from: dict = field(default_factory=dict)   # request -> the step its last attempt began at
     attempts: dict = field(default_factory=dict)       # request -> attempts started
     losses: int = 0
 
 
-class GroupServer:
-    """Serve ``requests`` (name -> denoise inputs) of ``steps`` steps on ``sp``'s groups,
-    committing to the run store at ``url``."""
+class GroupRequestFailed(RuntimeError):
+    """A request failed on a group that lost nobody: a bug, not a preemption."""
 
-    def __init__(self, sp: SPGroups, requests: dict, steps: int, url: str) -> None:
-        self.sp, self.requests, self.steps, self.url = sp, requests, steps, url
+
+def denoise_requests(inputs: dict, steps: int, url: str) -> dict:
+    """Requests of :func:`~pipelines.parallel.executor.denoise` (name -> its inputs)."""
+    return {name: (executor.denoise, (x, steps, url, name)) for name, x in inputs.items()}
+
+
+# A member's death reaches its peers' collectives (an error) before the scheduler: how long a
+# failed attempt waits for one of its members to be reported gone before it counts as a bug.
+LOSS_GRACE_S = 5.0
+
+
+class GroupServer:
+    """Serve ``requests`` (name -> ``(fn, args)``) on ``sp``'s groups: ``fn(epoch, *args)`` runs
+    on every member of a group at once and rank 0 returns the request's result. The executors
+    follow ``members()`` (addresses; default every live worker): one gone is lost, one new
+    joins."""
+
+    def __init__(self, sp: SPGroups, requests: dict, *,
+                 members: Callable[[], list[str]] | None = None,
+                 worker_class: str = "spot") -> None:
+        self.sp, self.requests, self.worker_class = sp, requests, worker_class
+        self.members = members or (lambda: live_workers(sp.client))
         self.dispatcher = Dispatcher()
         self.running: dict = {}   # rank 0's future -> (request, attempt, group, all futures)
         self.served = Served()
@@ -42,8 +62,8 @@ class GroupServer:
 
     def run(self, on_tick: Callable[["GroupServer"], None] = lambda server: None,
             poll_s: float = 0.05) -> Served:
-        """Until every request is done; ``on_tick`` may kill executors (a preemption) or add
-        newcomers between polls."""
+        """Until every request is done; ``on_tick`` may kill executors (a preemption) between
+        polls."""
         self._sync_groups()
         self._apply(self.dispatcher.handle(RequestsSubmitted(tuple(self.requests))))
         while not self.dispatcher.finished:
@@ -53,9 +73,20 @@ class GroupServer:
             for future in done:
                 self._finished(future)
             on_tick(self)
-            self._sync_groups()
+            self.follow_cluster()
             self._forget_broken()
         return self.served
+
+    def follow_cluster(self) -> None:
+        """Executors whose workers left are lost; workers not yet executors join."""
+        current = set(self.members())
+        known = self.sp.membership.executors
+        for address in sorted(a for a, e in known.items()
+                              if a not in current and e.state.value != "gone"):
+            self.lost(address)
+        fresh = sorted(current - set(known))
+        if fresh:
+            self.joined(fresh)
 
     def _forget_broken(self) -> None:
         """Stop waiting on attempts whose group was dissolved: the dispatcher has requeued
@@ -67,6 +98,9 @@ class GroupServer:
     # -- membership <-> dispatcher --------------------------------------------------------------
     def lost(self, address: str) -> None:
         """An executor is gone: its groups leave the dispatcher, the regrouped ones join."""
+        executor_ = self.sp.membership.executors.get(address)
+        if executor_ is None or executor_.state.value == "gone":
+            return
         self.served.losses += 1
         self.sp.lost(address)
         self._sync_groups()
@@ -82,15 +116,15 @@ class GroupServer:
             self._apply(self.dispatcher.handle(WorkerLost(name)))
         for name in sorted(serving - self._groups):
             self._groups.add(name)
-            self._apply(self.dispatcher.handle(WorkerJoined(name, 1, "spot")))
+            self._apply(self.dispatcher.handle(WorkerJoined(name, 1, self.worker_class)))
 
     # -- requests ----------------------------------------------------------------------------------
     def _apply(self, actions: list) -> None:
         for action in actions:
             if isinstance(action, Assign):
                 group = self.sp.membership.groups[action.worker]
-                futures = self.sp.submit(group, executor.denoise, self.requests[action.request],
-                                         self.steps, self.url, action.request)
+                fn, args = self.requests[action.request]
+                futures = self.sp.submit(group, fn, *args)
                 self.running[futures[0]] = (action.request, action.attempt, group.name, futures)
                 self.served.attempts[action.request] = action.attempt
 
@@ -99,12 +133,35 @@ class GroupServer:
         # Rank 0's answer is the request's; the other members' futures are dropped unread (a
         # finished one whose worker died since would be recomputed, pinned to that worker).
         del futures
+        if future.status == "error":
+            self._failed(request, group, future.exception())
+            return
         if future.status != "finished":
             return   # its group broke: the loss requeues the request (resumed from its commits)
         out = future.result()
-        self.served.results[request] = out["latents"]
-        self.served.resumed_from[request] = out["resumed_from"]
+        self.served.results[request] = out
+        if "resumed_from" in out:
+            self.served.resumed_from[request] = out["resumed_from"]
         self._apply(self.dispatcher.handle(RequestDone(request, attempt)))
+
+    def _failed(self, request: str, group: str, error: BaseException) -> None:
+        """An attempt raised. If its group lost a member (now or within
+        :data:`LOSS_GRACE_S`), that loss requeues it; otherwise the request itself is broken
+        and serving stops, naming it -- retrying would fail the same way for ever."""
+        members = self.sp.membership.groups.get(group)
+        deadline = time.monotonic() + LOSS_GRACE_S
+        while members is not None and time.monotonic() < deadline:
+            gone = set(members.members) - set(self.members())
+            if gone:
+                for address in sorted(gone):
+                    self.lost(address)
+                return
+            time.sleep(0.05)
+        if members is None:
+            return   # dissolved already: requeued by the loss that dissolved it
+        raise GroupRequestFailed(
+            f"request {request!r} failed on SP group {group} ({', '.join(members.members)}), "
+            f"which lost no member: {type(error).__name__}: {error}") from error
 
 
 Condition = Callable[["GroupServer"], "str | None"]
@@ -112,16 +169,12 @@ Condition = Callable[["GroupServer"], "str | None"]
 
 def kill_when(conditions: list[Condition]) -> Callable[["GroupServer"], None]:
     """An ``on_tick`` that, each time the next of ``conditions`` names a busy group, SIGKILLs
-    that group's last member and reports the loss; and lets the fresh processes the nannies
-    start rejoin (copying the weights from a peer)."""
+    that group's last member and reports the loss (the fresh process its nanny starts joins
+    through :meth:`GroupServer.follow_cluster`, copying the weights from a peer)."""
     left = list(conditions)
 
     def tick(server: GroupServer) -> None:
         client = server.sp.client
-        known = set(server.sp.membership.executors)
-        fresh = [w for w in live_workers(client) if w not in known]
-        if fresh:
-            server.joined(fresh)
         group = left[0](server) if left else None
         if group is None or group not in server.sp.membership.groups:
             return
@@ -153,13 +206,14 @@ def after_seconds(seconds: float) -> Condition:
     return due
 
 
-def after_committed(steps: int) -> Condition:
-    """The group of a running request that has committed at least ``steps`` steps."""
+def after_committed(steps: int, url: str, stage: str = "sp") -> Condition:
+    """The group of a running request that has committed at least ``steps`` steps to the run
+    store at ``url``."""
     from storage import RunStore
 
     def due(server: GroupServer) -> str | None:
-        store = RunStore.open(server.url, create=False)
+        store = RunStore.open(url, create=False)
         return next((group for request, group in _busy(server)
-                     if (store.resume_point("sp", request) or (0,))[0] >= steps), None)
+                     if (store.resume_point(stage, request) or (0,))[0] >= steps), None)
 
     return due

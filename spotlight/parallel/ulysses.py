@@ -19,7 +19,9 @@ gradient (:func:`sum_gradients`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -214,6 +216,40 @@ def forward(transformer, group, hidden_states: torch.Tensor, **kwargs) -> torch.
     """The transformer's output for the whole sequence, computed by the group (``enable``
     first) and gathered on every member: for sampling."""
     return gather(forward_shard(transformer, group, hidden_states, **kwargs), 1, group)
+
+
+@contextmanager
+def sequence_parallel(transformer, group) -> Iterator[None]:
+    """Within the block, ``transformer`` takes and returns *whole* sequences as before, but
+    computes as this process's member of ``group``: its input is cut to the member's shard, its
+    output gathered from every member. So code written for one process -- a sampler calling
+    ``transformer(hidden_states=...)`` -- runs sequence-parallel unchanged, as long as every
+    member runs the same calls in the same order. On exit the model's own attention
+    processors are back: other work in the process (training, validation) never sees the
+    group."""
+    if dist.get_world_size(group) == 1:
+        yield
+        return
+    saved = transformer.attn_processors
+    enable(transformer, group)
+
+    def cut(module, args, kwargs):
+        return args, {**kwargs, "hidden_states": shard(kwargs["hidden_states"], group)}
+
+    def whole(module, args, kwargs, out):
+        if isinstance(out, tuple):
+            return (gather(out[0], 1, group), *out[1:])
+        out.sample = gather(out.sample, 1, group)
+        return out
+
+    hooks = [transformer.register_forward_pre_hook(cut, with_kwargs=True),
+             transformer.register_forward_hook(whole, with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        transformer.set_attn_processor(saved)
 
 
 def sum_gradients(parameters, group) -> None:
