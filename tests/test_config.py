@@ -204,3 +204,31 @@ def test_placement_defaults_follow_the_mode_and_single_task_stages_name_one_clas
         load_config("configs/digits.yaml", {"placement.explore": ["tpu"]})
     with pytest.raises(ConfigError, match="mode 'rlboost' rolls out on spot workers too"):
         load_config("configs/digits.yaml", {"mode": "rlboost", "placement.rollout": ["gpu"]})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"parallel.size_classes": ["12x32"]}, r"'12x32' is not 'HEIGHTxWIDTH:DEGREE'"),
+    ({"parallel.size_classes": ["12x32:2", "12X32:1"]}, "names 12x32 twice"),
+    ({"parallel.size_classes": ["12x32:0"]}, "must be >= 1"),
+    ({"parallel.size_classes": ["12x32:3"], "cluster.gpu_workers": 3},
+     r"sp_degree 3 does not divide the model's 2 attention heads.*\(1, 2\)"),
+    ({"parallel.size_classes": ["10x30:2"], "model.num_attention_heads": 4,
+      "world.canvas_height": 10, "world.canvas_width": 30, "cluster.gpu_workers": 2},
+     "does not divide the request's 75 image tokens"),
+    ({"parallel.size_classes": ["12x32:2"]}, r"embedded cluster has \{'gpu': 1, 'spot': 1\}"),
+    ({"parallel.size_classes": ["12x32:2"], "cluster.gpu_workers": 2, "stream_latents": False},
+     "stream_latents is false"),
+])
+def test_an_impossible_sp_degree_is_refused_when_the_config_is_read(values, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig().with_values(values)
+
+
+def test_the_rollout_degree_is_its_image_size_class():
+    from spotlight.config import rollout_sp_degree
+
+    config = RunConfig().with_values({"parallel.size_classes": ["12x32:2", "64x64:1"],
+                                      "cluster.gpu_workers": 2})
+    assert rollout_sp_degree(config) == 2
+    assert rollout_sp_degree(config.with_values({"world.canvas_height": 16})) == 1   # not listed
+    assert config.parallel.degree(64, 64) == 1

@@ -25,15 +25,16 @@ import yaml
 from spotlight.config.base import ConfigError, Validated, build, replaced, spec
 from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, CostConfig,
                                        ExplorationConfig, FidelityConfig, GRPOConfig,
-                                       InjectorConfig, ModelConfig, PlannerConfig,
-                                       PlacementConfig, PreemptionConfig, PretrainConfig,
+                                       InjectorConfig, ModelConfig, ParallelConfig,
+                                       PlannerConfig, PlacementConfig, PreemptionConfig,
+                                       PretrainConfig,
                                        RewardConfig,
                                        SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
-           "check_files", "faithful_replay", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
+           "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
            "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
-           "ModelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
+           "ModelConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
            "SamplerConfig", "TLSConfig", "ValidationConfig", "WorldConfig"]
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.
@@ -79,6 +80,7 @@ class RunConfig(Validated):
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     injector: InjectorConfig = field(default_factory=InjectorConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
 
@@ -141,6 +143,7 @@ def check_run(config: "RunConfig") -> None:
             f"{sampler.sde_window_size}); use 0 (the rollout's steps) or a count between the "
             f"window's end and num_steps")
     _check_planner_arms(config)
+    _check_sequence_parallel(config)
     if config.mode == "rlboost" and "spot" not in config.placed("rollout"):
         raise ConfigError(f"mode 'rlboost' rolls out on spot workers too, but placement.rollout "
                           f"= {config.placement.rollout}; set placement.rollout: [gpu, spot] "
@@ -152,6 +155,42 @@ def check_run(config: "RunConfig") -> None:
                           "'spotlight' explores on spot workers; start at least one "
                           "(cluster.spot_workers: 1), or run mode sync / vanilla, or set "
                           "cluster.missing_spot: sync")
+
+
+def rollout_sp_degree(config: "RunConfig") -> int:
+    """The SP degree of this run's rollout requests (its image size's class)."""
+    height = config.model.height or config.world.canvas_height
+    width = config.model.width or config.world.canvas_width
+    return config.parallel.degree(height, width)
+
+
+def _check_sequence_parallel(config: "RunConfig") -> None:
+    """A rollout SP degree the run cannot have: more workers than a class has, no streamed
+    latents to resume from, or (the embedded policy) heads or tokens it does not divide. The
+    Qwen-Image policy checks heads and tokens against its weights (its start-up check)."""
+    degree = rollout_sp_degree(config)
+    if degree == 1:
+        return
+    where = f"parallel.size_classes gives this run's rollout requests sp_degree {degree}"
+    if not config.stream_latents:
+        raise ConfigError(f"{where}, but stream_latents is false: a request cut by a lost "
+                          "group member resumes from its streamed steps; set stream_latents: true")
+    if not config.cluster.scheduler:
+        sizes = {"gpu": config.cluster.gpu_workers, "spot": config.cluster.spot_workers}
+        if all(sizes[c] < degree for c in config.placed("rollout")):
+            raise ConfigError(f"{where}: a group of {degree} workers of one class, but the "
+                              f"embedded cluster has {sizes} workers of the rollout's classes "
+                              f"{list(config.placed('rollout'))}; start more "
+                              f"(cluster.gpu_workers) or lower the degree")
+    if config.model.policy == "digits":
+        from spotlight.parallel.ulysses import SequenceParallelError, check_degree
+
+        height, width = config.world.canvas_height, config.world.canvas_width
+        try:
+            check_degree(degree, heads=config.model.num_attention_heads,
+                         image_tokens=(height // 2) * (width // 2))
+        except SequenceParallelError as err:
+            raise ConfigError(f"{where}: {err}") from None
 
 
 def _check_planner_arms(config: "RunConfig") -> None:

@@ -428,3 +428,41 @@ class CostConfig(Validated):
     spot_market: str = spec("spot", "Market the 'spot' workers are bought on.", choices=MARKETS)
 
 
+
+
+@dataclass(kw_only=True, frozen=True)
+class ParallelConfig(Validated):
+    """Sequence parallelism: which request sizes run on SP groups of workers, and how large."""
+
+    size_classes: list[str] = spec(
+        [], "Request size classes with their SP degree, 'HEIGHTxWIDTH:DEGREE' (e.g. "
+            "['512x512:1', '1280x1280:4']): a rollout request of that image size runs on a group "
+            "of DEGREE workers of one class, its attention split Ulysses-style. Sizes not listed "
+            "run on one worker.")
+
+    def validate(self) -> None:
+        seen: set[tuple[int, int]] = set()
+        for entry in self.size_classes:
+            size, degree = parse_size_class(entry)
+            if size in seen:
+                raise ConfigError(f"ParallelConfig.size_classes names {size[0]}x{size[1]} twice; "
+                                  "give each image size one degree")
+            seen.add(size)
+
+    def degree(self, height: int, width: int) -> int:
+        """The SP degree of requests of ``height`` x ``width`` images (1 if not listed)."""
+        return dict(parse_size_class(e) for e in self.size_classes).get((height, width), 1)
+
+
+def parse_size_class(entry: str) -> tuple[tuple[int, int], int]:
+    """'1280x1280:4' -> ((1280, 1280), 4), or a ConfigError saying the form."""
+    try:
+        size, degree = entry.replace(" ", "").split(":")
+        height, width = (int(v) for v in size.lower().split("x"))
+        degree = int(degree)
+    except ValueError:
+        raise ConfigError(f"parallel.size_classes entry {entry!r} is not 'HEIGHTxWIDTH:DEGREE' "
+                          "(e.g. '1280x1280:4')") from None
+    if min(height, width) < 1 or degree < 1:
+        raise ConfigError(f"parallel.size_classes entry {entry!r}: sizes and degree must be >= 1")
+    return (height, width), degree

@@ -211,3 +211,16 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradients(tiny_folder):
     assert policy.transformer.gradient_checkpointing
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_an_sp_degree_the_weights_cannot_split_is_refused_before_any_worker(tiny_folder):
+    from spotlight.config import ConfigError, RunConfig
+    from spotlight.models.base import check_policy
+
+    config = RunConfig().with_values({
+        "model.policy": "qwen-image", "model.weights": str(tiny_folder),
+        "world.canvas_height": 16, "world.canvas_width": 32, "cluster.gpu_workers": 4,
+        "placement.rollout": ["gpu"], "mode": "vanilla"})
+    check_policy(config.with_values({"parallel.size_classes": ["16x32:2"]}))   # 2 heads: fine
+    with pytest.raises(ConfigError, match="sp_degree 4 does not divide the model's 2 attention"):
+        check_policy(config.with_values({"parallel.size_classes": ["16x32:4"]}))

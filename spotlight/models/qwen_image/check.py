@@ -20,9 +20,27 @@ def check_qwen_image(config) -> None:
     resolve_dtype(config.model.dtype)
     folder = local_folder(config.model.weights)   # names a missing component; copies a URL once
     vae = json.loads((folder / "vae" / "config.json").read_text())
-    check_resolution(*image_size(config), 2 ** len(vae.get("temperal_downsample", [])))
+    scale = 2 ** len(vae.get("temperal_downsample", []))
+    check_resolution(*image_size(config), scale)
+    transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
+    _check_sp_degree(config, transformer_config, scale)
     if config.model.lora_rank > 0:
-        transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
         with torch.device("meta"):
             transformer = QwenImageTransformer2DModel.from_config(transformer_config)
         check_lora_targets(transformer, config.model.lora_targets)
+
+
+def _check_sp_degree(config, transformer_config: dict, vae_scale: int) -> None:
+    """The rollout's SP degree must divide the weights' attention heads and the image tokens."""
+    from spotlight.config import ConfigError, rollout_sp_degree
+    from spotlight.models.qwen_image.policy import image_size
+    from spotlight.parallel.ulysses import SequenceParallelError, check_degree
+
+    height, width = image_size(config)
+    tokens = (height // vae_scale // 2) * (width // vae_scale // 2)
+    try:
+        check_degree(rollout_sp_degree(config),
+                     heads=transformer_config.get("num_attention_heads"), image_tokens=tokens)
+    except SequenceParallelError as err:
+        raise ConfigError(f"parallel.size_classes ({height}x{width}) with the weights of "
+                          f"{config.model.weights}: {err}") from None
