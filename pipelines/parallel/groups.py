@@ -71,9 +71,10 @@ class SPGroups:
     def __post_init__(self) -> None:
         from spotlight.parallel.ulysses import check_degree
 
-        heads = self.spec["config"].get("num_attention_heads")
-        for degree in self.degrees:   # an impossible degree fails here, not in a collective
-            check_degree(degree, heads=heads)
+        if "config" in self.spec:   # a run's config was checked when it was read
+            heads = self.spec["config"].get("num_attention_heads")
+            for degree in self.degrees:   # an impossible degree fails here, not in a collective
+                check_degree(degree, heads=heads)
         self.membership = Membership(degrees=self.degrees, version=self.version)
 
     # -- membership changes ----------------------------------------------------------------

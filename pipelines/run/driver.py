@@ -25,11 +25,12 @@ from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
 from pipelines.run.rollout import pulled, pulled_rollout, rollout_task
+from pipelines.run.sp_rollout import sp_rollout
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
                                   ValidationResult)
 from pipelines.run.state import IterationResult, IterationState
-from spotlight.config import RunConfig
+from spotlight.config import RunConfig, rollout_sp_degree
 from spotlight.cost import CostLedger
 from spotlight.exploration import Selection
 from spotlight.models.base import stores_prompts
@@ -42,7 +43,8 @@ EventFn = Callable[[str, dict], None]
 
 # What goes into the run store's event log (``RunStore.read_events``): what an operator audits
 # after a night on spot capacity. Stage progress and per-iteration results have their own records.
-RECORDED_EVENTS = frozenset({"dispatch", "preemptions", "injector", "fidelity", "request"})
+RECORDED_EVENTS = frozenset({"dispatch", "preemptions", "injector", "fidelity", "request",
+                             "sp_rollout"})
 
 
 class Driver:
@@ -64,6 +66,7 @@ class Driver:
         self.last_validation: dict | None = None
         self._stop = threading.Event()
         self.exploration = Exploration(self)   # plans, runs and judges seed exploration
+        self.sp_groups = None   # the SP rollout's executor groups, formed on first use
 
     def stop(self) -> None:
         """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
@@ -202,7 +205,9 @@ class Driver:
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
-        if pulled(self.placed("rollout")) and not self.log.done(k, "rollout"):
+        if rollout_sp_degree(cfg) > 1 and not self.log.done(k, "rollout"):
+            it.records += sp_rollout(self, k, it.prompts, it.selection.seeds)
+        elif pulled(self.placed("rollout")) and not self.log.done(k, "rollout"):
             it.records += pulled_rollout(self, k, it.prompts, it.selection.seeds)
         if self.log.done(k, "rollout"):   # read back where it is scored, never recomputed
             it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k,

@@ -51,13 +51,14 @@ def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk
             for c in rollout_chunks(len(request.prompts), config.grpo.request_prompts)]
 
 
-def _sample_chunk(ctx, chunk: RolloutChunk, progress: dict | None = None):
-    """SDE-sample one request, streamed and resumed from its last committed step."""
+def _sample_chunk(ctx, chunk: RolloutChunk, progress: dict | None = None, member=None):
+    """SDE-sample one request, streamed and resumed from its last committed step (``member``:
+    as one member of an SP group, :mod:`pipelines.run.sp_rollout`)."""
     texts = [p.text for p in chunk.prompts for _ in range(chunk.seeds.shape[1])]
     keys = sample_keys(ctx.config.seed, chunk.prompts, chunk.seeds)
     return tasks._sample_streamed(ctx, texts, chunk.seeds, keys,
                                   tasks.stage_name(chunk.iteration, "rollout"), chunk.name,
-                                  chunk.version, progress=progress)
+                                  chunk.version, progress=progress, member=member)
 
 
 def rollout_task(config, store, request: tasks.RolloutRequest) -> tasks.RolloutOutput:

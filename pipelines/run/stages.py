@@ -106,6 +106,7 @@ class RolloutResult(StageResult):
     KIND: ClassVar[str] = "rollout"
     task: dict | None = None
     dispatch: dict | None = None   # a pulled rollout's dispatch summary (placement.rollout)
+    sp: dict | None = None         # an SP rollout's summary: groups, losses, resumed requests
 
 
 @dataclass(frozen=True)

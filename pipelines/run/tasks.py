@@ -10,6 +10,7 @@ Every task returns a ``record``: stage, iteration, worker, start, end and weight
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -218,7 +219,7 @@ def embed_prompts_task(config: RunConfig, store: RunStore, iteration: int,
 
 def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, keys, stage: str,
                      request: str, version: int, num_steps: int | None = None,
-                     progress: dict | None = None) -> Trajectory:
+                     progress: dict | None = None, member=None) -> Trajectory:
     """SDE-sample one request, committing the latent after every step when streaming is on.
 
     A request the store already holds steps of (an earlier attempt was killed) resumes from its
@@ -229,12 +230,18 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
     step boundary with :class:`~pipelines.cluster.preemption.StopAtStep`, once that step is committed;
     ``progress`` says where it resumed from and when its first and last new steps were
     committed (``first_step``: the step committed at ``first_step_at``).
+
+    With ``member`` (:class:`~pipelines.parallel.executor.GroupMember`) this is one member of
+    an SP group running the same request: every member computes the same steps, the leader
+    alone reads where the request stands (the others take its answer) and commits.
     """
     config = ctx.config
     steps = num_steps or config.sampler.num_steps
     if not config.stream_latents:
         return sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps)
-    point = ctx.store.resume_point(stage, request)
+    leads = member is None or member.leads
+    point = ctx.store.resume_point(stage, request) if leads else None
+    point = point if member is None else member.agree(point)
     start = 0
     if point is not None:
         if point.weights_version != version:
@@ -243,10 +250,13 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
         start = point.step
     if progress is not None:
         progress.update(resumed_from=start, first_step_at=None)
-        check_notice(start)   # noticed before it began: hand it back untouched
+        if member is None:   # a group's members stop together only when the group breaks
+            check_notice(start)   # noticed before it began: hand it back untouched
     labels = _latent_labels(config, prompts, seeds, steps, version, ctx.policy)
-    with ctx.store.latent_sink(stage) as sink:
+    with ctx.store.latent_sink(stage) if leads else contextlib.nullcontext() as sink:
         def commit(step: int, x: torch.Tensor) -> None:
+            if sink is None:
+                return
             sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version,
                         labels=labels)
             if progress is not None and step > 0:
@@ -254,7 +264,7 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
                 if progress["first_step_at"] is None:
                     progress["first_step_at"] = progress["last_step_at"]
                     progress["first_step"] = step
-                if step < steps:
+                if step < steps and member is None:
                     check_notice(step)   # the latent is queued; the sink's exit commits it
 
         if point is None:

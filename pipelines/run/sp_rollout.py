@@ -1,0 +1,132 @@
+"""A rollout whose requests run sequence-parallel (``parallel.size_classes`` gives their image
+size a degree above 1): each request on an SP group of workers of one class.
+
+The workers are persistent executors (:mod:`pipelines.parallel.executor`) holding the run's
+policy in their worker context, grouped by the membership state machine
+(:mod:`spotlight.parallel.membership`) per node and worker class into groups of the rollout's
+degree (smaller ones take what a loss leaves). The groups stay formed from iteration to
+iteration: a new weights version is read from the run store once per node and copied to the
+node's other executors through shared memory, never to a communicator anew.
+
+A request is the same fixed-shape request the single-worker rollout samples
+(:func:`~pipelines.run.rollout.rollout_requests`); every member of its group runs the sampler,
+the transformer computing its share of the sequence (:func:`spotlight.parallel.ulysses.sequence_parallel`),
+and the group's rank 0 commits every step to the run store. A member lost mid-request breaks
+its group: the survivors regroup in under a second and the request resumes from its last
+committed step on whichever group pulls it next -- the trajectory and log-probabilities equal
+an uninterrupted run's.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import numpy as np
+
+from pipelines.cluster.connect import Absence
+from pipelines.parallel import executor
+from pipelines.parallel.groups import SPGroups, node_of
+from pipelines.parallel.serve import GroupServer
+from pipelines.run import tasks
+from pipelines.run.rollout import RolloutChunk, _sample_chunk, rollout_requests
+from pipelines.run.stages import RolloutResult
+from spotlight.config import rollout_sp_degree
+from spotlight.models.prompts import Prompt
+
+
+def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> dict | None:
+    """One member's part of an SP rollout request; rank 0 returns the request's
+    log-probabilities and record (the latents are in the run store)."""
+    import torch.distributed as dist
+
+    from spotlight.parallel import ulysses
+
+    executor.check_epoch(epoch)
+    member = executor.GroupMember(dist.get_rank())
+    start = time.time()
+    ctx = tasks.context(config, store)
+    progress: dict = {}
+    with ctx.lock:
+        policy = ctx.policy_at(chunk.version)
+        policy.eval()
+        with ulysses.sequence_parallel(policy.transformer, dist.group.WORLD):
+            traj = _sample_chunk(ctx, chunk, progress, member=member)
+    if not member.leads:
+        return None
+    return {"log_probs": traj.log_probs.numpy(), "resumed_from": progress["resumed_from"],
+            "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
+                                        request=chunk.name, samples=chunk.seeds.size,
+                                        sp_degree=dist.get_world_size(), **progress)}
+
+
+def degrees_below(degree: int) -> tuple[int, ...]:
+    """The group sizes a rollout of ``degree`` is served by: itself, then the divisors below it
+    (what a loss leaves still serves, slower)."""
+    return tuple(d for d in range(degree, 0, -1) if degree % d == 0)
+
+
+def _class_workers(dask_scheduler, classes: tuple[str, ...]) -> dict[str, str]:
+    return {address: next(c for c in classes if ws.resources.get(c, 0) > 0)
+            for address, ws in dask_scheduler.workers.items()
+            if any(ws.resources.get(c, 0) > 0 for c in classes)}
+
+
+def class_workers(client, classes: tuple[str, ...]) -> dict[str, str]:
+    """Address -> worker class of every live worker of ``classes`` (asked of the scheduler)."""
+    return client.run_on_scheduler(_class_workers, classes=classes)
+
+
+def sp_groups(driver, iteration: int) -> SPGroups:
+    """The run's SP groups (formed on first use, then kept), holding weights ``iteration``."""
+    config, client = driver.config, driver.cluster.client
+    groups: SPGroups | None = getattr(driver, "sp_groups", None)
+    if groups is None:
+        classes = driver.placed("rollout")
+        known: dict[str, str] = {}
+
+        def node(address: str) -> str:   # groups never mix worker classes
+            cls = known.get(address) or class_workers(client, classes).get(address, "?")
+            return f"{cls}@{node_of(address)}"
+
+        groups = SPGroups(client, {"run": (config, driver.store)}, driver.store.url, iteration,
+                          degrees_below(rollout_sp_degree(config)), node=node)
+        known.update(class_workers(client, classes))
+        groups.add(sorted(known))
+        driver.sp_groups = groups
+    elif groups.version != iteration:
+        groups.published(iteration)
+    return groups
+
+
+def sp_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> list:
+    """Run iteration ``iteration``'s rollout on SP groups; write ``rollout.npz`` and record the
+    stage. Returns the requests' task records (for the timeline)."""
+    config, store, client = driver.config, driver.store, driver.cluster.client
+    classes = driver.placed("rollout")
+    stage = tasks.stage_name(iteration, "rollout")
+    chunks = rollout_requests(config, tasks.RolloutRequest(iteration, prompts, seeds, iteration))
+    groups = sp_groups(driver, iteration)
+    server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
+                                  for c in chunks},
+                         members=lambda: sorted(class_workers(client, classes)),
+                         worker_class=classes[0])
+    gpu = Absence(driver.cluster, config.placed("train")[0], config.cluster.worker_wait_s,
+                  "the SP rollout")
+    served = server.run(on_tick=partial(_check, driver, gpu))
+    log_probs = np.concatenate([served.results[c.name]["log_probs"] for c in chunks])
+    store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
+    summary = {"requests": len(chunks), "losses": served.losses,
+               "attempts": sum(served.attempts.values()),
+               "resumed_from": {r: s for r, s in served.resumed_from.items() if s},
+               "groups": [list(g.members) for g in groups.membership.serving()],
+               "membership": groups.log[-20:]}
+    store.put_json(stage, "sp", summary)
+    driver.emit("sp_rollout", iteration=iteration, **{k: summary[k] for k in
+                                                      ("requests", "losses", "attempts")})
+    driver.log.record(iteration, "rollout", RolloutResult(sp=summary))
+    return [served.results[c.name]["record"] for c in chunks]
+
+
+def _check(driver, gpu: Absence, server: GroupServer) -> None:
+    driver.check_running()   # the run was stopped: stop waiting
+    gpu.check()              # no gpu worker left for long: the run cannot go on

@@ -1,0 +1,94 @@
+"""The RL iteration's rollout on SP groups (parallel.size_classes): the same trajectory,
+log-probabilities, rewards and trained weights as on single workers, also when a group member
+is SIGKILLed mid-request."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipelines.front.session import Session
+from spotlight.config import load_config
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_prompts": 1,
+      "sampler.num_steps": 12, "mode": "vanilla"}
+
+
+def _iteration(yaml_path, url, sp: bool, during=None):
+    config = load_config(yaml_path, {**SP, **({"parallel.size_classes": ["12x32:2"]} if sp
+                                              else {})})
+    with Session.from_config(config, store=url, mode="vanilla") as session:
+        watcher = threading.Thread(target=during, args=(session,), daemon=True) if during \
+            else None
+        if watcher:
+            watcher.start()
+        session.run(1)
+        store = session.store
+        names = sorted(store.requests("iter-0/rollout"))
+        latents = np.concatenate([np.asarray(store.read_trajectory("iter-0/rollout", n))
+                                  for n in names], axis=1)
+        record = store.stage_record("iter-0/rollout")["info"]
+        tasks = store.get_json("iter-0/iteration", "tasks")["tasks"]
+        return {"rewards": store.get_arrays("iter-000000/reward", "reward")["rewards"],
+                "log_probs": store.get_arrays("iter-000000/rollout", "rollout")["log_probs"],
+                "latents": latents, "weights": store.load_checkpoint(1).weights,
+                "names": names, "record": record,
+                "rollouts": [t for t in tasks if t["stage"] == "rollout"]}
+
+
+def _same(a: dict, b: dict, atol: float) -> None:
+    for key in ("rewards", "log_probs", "latents"):
+        np.testing.assert_allclose(a[key], b[key], rtol=0, atol=atol, err_msg=key)
+    assert a["weights"].keys() == b["weights"].keys()
+    for name in a["weights"]:
+        np.testing.assert_allclose(a["weights"][name].numpy(), b["weights"][name].numpy(),
+                                   rtol=0, atol=atol, err_msg=name)
+
+
+def test_an_sp_rollout_equals_the_single_worker_rollout(tiny_run_yaml, tmp_path):
+    alone = _iteration(tiny_run_yaml, str(tmp_path / "alone"), sp=False)
+    grouped = _iteration(tiny_run_yaml, str(tmp_path / "sp"), sp=True)
+    _same(alone, grouped, atol=1e-5)
+    assert np.abs(grouped["log_probs"]).sum() > 0
+    assert grouped["names"] == ["p0000", "p0001"]
+    sp = grouped["record"]["sp"]
+    assert sp["requests"] == 2 and sp["losses"] == 0 and len(sp["groups"]) == 1
+    assert len(sp["groups"][0]) == 2   # one group of both gpu workers
+    assert {t["sp_degree"] for t in grouped["rollouts"]} == {2}
+    assert "sp" not in (alone["record"] or {}) or alone["record"]["sp"] is None
+
+
+def test_a_member_killed_mid_request_regroups_and_the_request_resumes(tiny_run_yaml, tmp_path):
+    """SIGKILL one gpu worker once the first request has committed 4 steps: the survivors
+    regroup, the request resumes from its committed steps, and the iteration equals the
+    uninterrupted SP run."""
+    from pipelines.parallel.groups import kill_executors
+    from storage import RunStore
+
+    uninterrupted = _iteration(tiny_run_yaml, str(tmp_path / "whole"), sp=True)
+    url = str(tmp_path / "cut")
+    killed: list[str] = []
+
+    def kill_mid_request(session) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            groups = session.driver.sp_groups
+            point = RunStore.open(url, create=False).resume_point("iter-0/rollout", "p0000") \
+                if groups else None
+            if point is not None and point.step >= 4:
+                victim = sorted(groups.membership.executors)[-1]
+                kill_executors(groups.client, [victim])
+                killed.append(victim)
+            time.sleep(0.005)
+
+    cut = _iteration(tiny_run_yaml, url, sp=True, during=kill_mid_request)
+    assert killed, "the request finished before the kill: lengthen it"
+    _same(uninterrupted, cut, atol=0)   # bit for bit: resumed from committed steps
+    sp = cut["record"]["sp"]
+    assert sp["losses"] >= 1 and sp["attempts"] > sp["requests"]
+    assert any(step >= 4 for step in sp["resumed_from"].values())
+
