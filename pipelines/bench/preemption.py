@@ -7,6 +7,10 @@
    workers. ``identical_to_clean`` compares the final weights and every reward bit for bit.
 3. *balance*: one spot worker is slowed to half speed (SIGSTOP/SIGCONT duty cycle, like a
    slower GPU) and the same exploration requests run with pull and with push dispatch.
+4. *sp*: the rollout's requests on sequence-parallel pairs of spot workers
+   (``parallel.size_classes``), clean and while the trace SIGKILLs group members mid-request:
+   the groups regroup, cut requests resume from their committed steps, and the chaos run's
+   weights and rewards are compared bit for bit with the clean SP run's.
 
 Lost steps of a hard kill are measured in time: (kill - the attempt's last commit) / the
 per-step compute time of the clean run. Recovery is kill (or notice) -> the first step the
@@ -242,6 +246,33 @@ def balance(config: RunConfig, url: str) -> dict:
     return out
 
 
+def sp_scenario(cfg: RunConfig, trace_path: Path, root: Path, iterations: int,
+                scale: float) -> dict:
+    """Scenario 4 (see the module docstring): vanilla seeds, the rollout on SP pairs of
+    four spot workers, clean and under the trace's kills."""
+    height, width = cfg.world.canvas_height, cfg.world.canvas_width
+    sp_cfg = cfg.with_values({"mode": "vanilla", "placement.rollout": ["spot"],
+                              "cluster.spot_workers": 4,
+                              "parallel.size_classes": [f"{height}x{width}:2"]})
+    clean = _run(sp_cfg, str(root / "sp-clean"), iterations)
+    chaos = _run(sp_cfg.with_values({"injector.trace": str(trace_path.resolve()),
+                                     "injector.time_scale": scale, "injector.action": "kill"}),
+                 str(root / "sp-chaos"), iterations)
+    store = RunStore.open(str(root / "sp-chaos"), create=False)
+    summaries = [store.stage_record(f"iter-{k}/rollout")["info"]["sp"] for k in range(iterations)]
+    resumed = [s for summary in summaries for s in summary["resumed_from"].values()]
+    return {"identical_to_clean": _identical(str(root / "sp-clean"), str(root / "sp-chaos"),
+                                             iterations),
+            "sp_degree": 2, "spot_workers": 4,
+            "requests": sum(s["requests"] for s in summaries),
+            "attempts": sum(s["attempts"] for s in summaries),
+            "group_losses": sum(s["losses"] for s in summaries),
+            "resumed_requests": len(resumed), "resumed_from_steps": resumed,
+            "injected": chaos["injector_summary"],
+            "iteration_s": {"clean": [r.wall_s for r in clean["results"]],
+                            "chaos": [r.wall_s for r in chaos["results"]]}}
+
+
 @register_bench("preemption")
 def bench_preemption(quick: bool = False, config: str | None = None, trace: str | None = None,
                      time_scale: float | None = None, iterations: int | None = None,
@@ -298,5 +329,6 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         "iteration_s": {"clean": [r.wall_s for r in clean["results"]],
                         "chaos": [r.wall_s for r in chaos["results"]]},
         "balance": balance(cfg, str(root / "balance")),
+        "sp": sp_scenario(cfg, trace_path, root, iterations, scale),
         "runs": str(root), "wall_s": time.monotonic() - started, "machine": machine(),
     }

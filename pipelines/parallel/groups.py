@@ -22,6 +22,9 @@ from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJ
 
 
 POLL_S = 0.01   # how often a wait checks that its workers are still there
+# A member's death reaches its peers' collectives (an error) before the scheduler: how long a
+# failed task waits for one of its group to be reported gone before its error counts as a bug.
+LOSS_GRACE_S = 5.0
 
 
 def _addresses(dask_scheduler) -> list[str]:
@@ -67,6 +70,7 @@ class SPGroups:
     node: Callable[[str], str] = node_of
     membership: Membership = field(init=False)
     log: list[dict] = field(default_factory=list)   # what each action took
+    losses: int = 0   # executors lost so far (reported, or found gone while acting)
 
     def __post_init__(self) -> None:
         from spotlight.parallel.ulysses import check_degree
@@ -86,6 +90,7 @@ class SPGroups:
 
     def lost(self, address: str) -> list[Group]:
         """A worker is gone; the survivors regroup. Returns the groups formed."""
+        self.losses += 1
         return self._carry_out(self.membership.handle(ExecutorLost(address)))
 
     def published(self, version: int) -> list[Group]:
@@ -121,6 +126,7 @@ class SPGroups:
                 actions = []
             except ExecutorGone as gone:
                 self.log.append({"action": "lost-meanwhile", "executor": gone.address})
+                self.losses += 1
                 actions = self.membership.handle(ExecutorLost(gone.address)) \
                     + self.membership.pending_copies()
         return [g for g in formed if g.name in self.membership.groups]
@@ -146,15 +152,7 @@ class SPGroups:
         return formed
 
     def _await(self, futures: list, pinned: set[str]) -> list:
-        """The results of ``futures`` pinned to the ``pinned`` workers; :class:`ExecutorGone`
-        as soon as one of those workers has left the cluster."""
-        while not all(f.done() for f in futures):
-            gone = sorted(pinned - set(live_workers(self.client)))
-            if gone:
-                self.client.cancel(futures)
-                raise ExecutorGone(gone[0])
-            time.sleep(POLL_S)
-        return [f.result() for f in futures]
+        return await_pinned(self.client, futures, pinned)
 
     def _copy(self, copies: list[CopyWeights]) -> list[WeightsLoaded]:
         """Every copy at once; the events of the finished ones."""
@@ -204,6 +202,30 @@ class SPGroups:
                          "s": time.perf_counter() - started,
                          "communicator_s": max(r["communicator_s"] for r in results)})
         return groups
+
+
+def await_pinned(client: Client, futures: list, pinned: set[str]) -> list:
+    """The results of ``futures`` pinned to the ``pinned`` workers; :class:`ExecutorGone` as
+    soon as one of those workers has left the cluster (a task pinned to it would wait for
+    ever)."""
+    while not all(f.done() for f in futures):
+        if any(f.status == "error" for f in futures):
+            break   # a member's collective failed: was a peer lost?
+        _check_pinned(client, futures, pinned)
+        time.sleep(POLL_S)
+    if any(f.status == "error" for f in futures):
+        deadline = time.monotonic() + LOSS_GRACE_S
+        while time.monotonic() < deadline:
+            _check_pinned(client, futures, pinned)
+            time.sleep(POLL_S)
+    return [f.result() for f in futures]   # an error with nobody lost is the task's own
+
+
+def _check_pinned(client: Client, futures: list, pinned: set[str]) -> None:
+    gone = sorted(pinned - set(live_workers(client)))
+    if gone:
+        client.cancel(futures)
+        raise ExecutorGone(gone[0])
 
 
 class ExecutorGone(RuntimeError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
+from pipelines.parallel.groups import LOSS_GRACE_S, SPGroups, kill_executors, live_workers
 from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
                                            WorkerJoined, WorkerLost)
 
@@ -37,11 +37,6 @@ class GroupRequestFailed(RuntimeError):
 def denoise_requests(inputs: dict, steps: int, url: str) -> dict:
     """Requests of :func:`~pipelines.parallel.executor.denoise` (name -> its inputs)."""
     return {name: (executor.denoise, (x, steps, url, name)) for name, x in inputs.items()}
-
-
-# A member's death reaches its peers' collectives (an error) before the scheduler: how long a
-# failed attempt waits for one of its members to be reported gone before it counts as a bug.
-LOSS_GRACE_S = 5.0
 
 
 class GroupServer:

@@ -25,6 +25,7 @@ from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
 from pipelines.run.rollout import pulled, pulled_rollout, rollout_task
+from pipelines.run.dp_train import data_parallel, dp_train
 from pipelines.run.sp_rollout import sp_rollout
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
@@ -67,6 +68,7 @@ class Driver:
         self._stop = threading.Event()
         self.exploration = Exploration(self)   # plans, runs and judges seed exploration
         self.sp_groups = None   # the SP rollout's executor groups, formed on first use
+        self.training_group = None   # the data-parallel training communicator, likewise
 
     def stop(self) -> None:
         """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
@@ -258,9 +260,12 @@ class Driver:
     def _train_now(self, it: "IterationState") -> TrainResult:
         cfg, k = self.config, it.k
         self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
-        trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f,
-                              tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k),
-                              resource=self.on("train"), name="train")
+        request = tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k)
+        if data_parallel(self):   # every gpu worker takes the step (rank 0's state is saved)
+            trained = dp_train(self, request)
+        else:
+            trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f, request,
+                                  resource=self.on("train"), name="train")
         saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
                                          resource=self.on("train"), name="checkpoint"),
                              f"iteration {k}'s training and checkpoint", self.on("train"))

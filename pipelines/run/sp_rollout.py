@@ -105,6 +105,7 @@ def sp_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray)
     classes = driver.placed("rollout")
     stage = tasks.stage_name(iteration, "rollout")
     chunks = rollout_requests(config, tasks.RolloutRequest(iteration, prompts, seeds, iteration))
+    losses_before = driver.sp_groups.losses if driver.sp_groups is not None else 0
     groups = sp_groups(driver, iteration)
     server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
                                   for c in chunks},
@@ -115,7 +116,7 @@ def sp_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray)
     served = server.run(on_tick=partial(_check, driver, gpu))
     log_probs = np.concatenate([served.results[c.name]["log_probs"] for c in chunks])
     store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
-    summary = {"requests": len(chunks), "losses": served.losses,
+    summary = {"requests": len(chunks), "losses": groups.losses - losses_before,
                "attempts": sum(served.attempts.values()),
                "resumed_from": {r: s for r, s in served.resumed_from.items() if s},
                "groups": [list(g.members) for g in groups.membership.serving()],

@@ -336,8 +336,10 @@ def advantages_task(config: RunConfig, iteration: int, rewards: np.ndarray, vers
 
 
 def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
-               request: TrainRequest) -> dict:
-    """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint."""
+               request: TrainRequest, peers=None) -> dict:
+    """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint.
+    With data-parallel ``peers`` (:mod:`pipelines.parallel.training`) this worker computes its
+    share and every peer takes the same step."""
     from spotlight.rl.grpo import Advantages
 
     start = time.time()
@@ -350,12 +352,20 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
         flat = [p for p in prompts for _ in range(group)]
         batch = Rollout(flat, [], rollout.trajectory, np.empty(0), rewards)
         adv = Advantages(advantages["values"], advantages["kept"], advantages["group_std"])
-        stats = trainer.train(batch, adv, rollout.iteration)
+        trainer.peers = peers
+        try:
+            stats = trainer.train(batch, adv, rollout.iteration)
+        except BaseException:
+            ctx.version = ctx.trainer_version = None   # a step cut half-way: reload to retry
+            raise
+        finally:
+            trainer.peers = None
         ctx.version = ctx.trainer_version = version + 1
         weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
         optimizer_state = trainer.optimizer.state_dict()
+    info = {} if peers is None else {"data_parallel": peers.world}
     return {"weights": weights, "optimizer_state": optimizer_state, "stats": stats,
-            "record": task_record("train", rollout.iteration, start, version)}
+            "record": task_record("train", rollout.iteration, start, version, **info)}
 
 
 def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration: int,

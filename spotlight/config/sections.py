@@ -432,13 +432,17 @@ class CostConfig(Validated):
 
 @dataclass(kw_only=True, frozen=True)
 class ParallelConfig(Validated):
-    """Sequence parallelism: which request sizes run on SP groups of workers, and how large."""
+    """Parallelism across workers: which request sizes run on sequence-parallel groups, and
+    whether training is data-parallel over the gpu workers."""
 
     size_classes: list[str] = spec(
         [], "Request size classes with their SP degree, 'HEIGHTxWIDTH:DEGREE' (e.g. "
             "['512x512:1', '1280x1280:4']): a rollout request of that image size runs on a group "
             "of DEGREE workers of one class, its attention split Ulysses-style. Sizes not listed "
             "run on one worker.")
+    data_parallel: bool = spec(False, "Train on every gpu worker at once: each computes its "
+                               "share of every micro-batch and the gradients are summed over "
+                               "them (gloo on CPU), so each takes the single-worker step.")
 
     def validate(self) -> None:
         seen: set[tuple[int, int]] = set()

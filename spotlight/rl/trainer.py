@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -73,6 +74,24 @@ def rollout_chunks(prompts: int, per_request: int) -> list[slice]:
 
 
 
+def share_of(rows: int, rank: int, world: int) -> slice:
+    """Member ``rank``'s contiguous share of ``rows`` split over ``world`` (sizes differ by at
+    most one)."""
+    base, extra = divmod(rows, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+class DataParallelPeers(Protocol):
+    """The processes that train one step together, each on its share of every micro-batch."""
+
+    rank: int
+    world: int
+
+    def all_reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Sum each tensor over the peers, in place."""
+
+
 class FlowGRPO:
     """Flow-GRPO trainer state: policy, frozen reference, optimizer and reward."""
 
@@ -87,6 +106,7 @@ class FlowGRPO:
             p.requires_grad_(True)
         self.reference = policy.reference() if grpo.beta_kl > 0 else None
         self.optimizer = self._new_optimizer()
+        self.peers: DataParallelPeers | None = None   # set for a data-parallel step
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         grpo = self.config.grpo
@@ -154,9 +174,28 @@ class FlowGRPO:
 
     def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                 steps: list[int]) -> dict[str, float]:
+        """One optimizer step on micro-batch ``idx``. With data-parallel ``peers`` this process
+        computes its contiguous share of the micro-batch, weighted by its size, and the
+        gradients (and the statistics) are summed over the peers before the step: every peer
+        takes the single-process step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        rank, world = (0, 1) if self.peers is None else (self.peers.rank, self.peers.world)
+        mine = share_of(len(idx), rank, world)
+        out = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        if mine.stop > mine.start:
+            out = self._backward(traj, idx[mine], adv[mine], texts[mine], steps,
+                                 (mine.stop - mine.start) / len(idx))
+        if self.peers is not None:
+            out = self._sum_over_peers(out)
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grpo.max_grad_norm)
+        self.optimizer.step()
+        return out
+
+    def _backward(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
+                  steps: list[int], share: float) -> dict[str, float]:
+        """Accumulate the gradient of ``share`` x the mean loss over rows ``idx``."""
         grpo, sampler = self.config.grpo, self.config.sampler
         latents, old_log_probs = traj.latents[idx], traj.log_probs[idx]
-        self.optimizer.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(grpo.trainable == "all"):
             text = self.policy.encode(texts)
         ref_text = None
@@ -168,20 +207,26 @@ class FlowGRPO:
             dist = transition_distribution(self.policy, latents, t, traj.sigmas, text, sampler)
             log_prob = gaussian_log_prob(latents[:, t + 1], dist)
             loss, stats = ppo_clipped_loss(log_prob, old_log_probs[:, t], adv, grpo.clip_range)
-            loss = loss.mean()
+            loss = loss.mean() * share
             if self.reference is not None:
                 with torch.no_grad():
                     ref = transition_distribution(self.reference, latents, t, traj.sigmas, ref_text, sampler)
-                kl = kl_to_reference(dist, ref.mean).mean()
+                kl = kl_to_reference(dist, ref.mean).mean() * share
                 loss = loss + grpo.beta_kl * kl
                 out["kl_to_reference"] += kl.item() / len(steps)
             (loss / len(steps)).backward(retain_graph=grpo.trainable == "all")
             out["loss"] += loss.item() / len(steps)
-            out["clip_fraction"] += stats["clip_fraction"] / len(steps)
-            out["approx_kl"] += stats["approx_kl"] / len(steps)
-        torch.nn.utils.clip_grad_norm_(self.parameters, grpo.max_grad_norm)
-        self.optimizer.step()
+            out["clip_fraction"] += stats["clip_fraction"] * share / len(steps)
+            out["approx_kl"] += stats["approx_kl"] * share / len(steps)
         return out
+
+    def _sum_over_peers(self, out: dict[str, float]) -> dict[str, float]:
+        for p in self.parameters:   # a peer with no rows (or no path to p) adds zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        totals = torch.tensor([out[k] for k in out], dtype=torch.float64)
+        self.peers.all_reduce([p.grad for p in self.parameters] + [totals])
+        return dict(zip(out, totals.tolist()))
 
     # --- one whole iteration in this process ----------------------------------------------------
     def iteration(self, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> tuple[IterationStats, Rollout]:

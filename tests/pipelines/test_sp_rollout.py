@@ -18,9 +18,10 @@ SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_pr
       "sampler.num_steps": 12, "mode": "vanilla"}
 
 
-def _iteration(yaml_path, url, sp: bool, during=None):
+def _iteration(yaml_path, url, sp: bool, during=None, data_parallel: bool = False):
     config = load_config(yaml_path, {**SP, **({"parallel.size_classes": ["12x32:2"]} if sp
-                                              else {})})
+                                              else {}),
+                                     "parallel.data_parallel": data_parallel})
     with Session.from_config(config, store=url, mode="vanilla") as session:
         watcher = threading.Thread(target=during, args=(session,), daemon=True) if during \
             else None
@@ -36,7 +37,7 @@ def _iteration(yaml_path, url, sp: bool, during=None):
         return {"rewards": store.get_arrays("iter-000000/reward", "reward")["rewards"],
                 "log_probs": store.get_arrays("iter-000000/rollout", "rollout")["log_probs"],
                 "latents": latents, "weights": store.load_checkpoint(1).weights,
-                "names": names, "record": record,
+                "names": names, "record": record, "tasks": tasks,
                 "rollouts": [t for t in tasks if t["stage"] == "rollout"]}
 
 
@@ -92,3 +93,24 @@ def test_a_member_killed_mid_request_regroups_and_the_request_resumes(tiny_run_y
     assert sp["losses"] >= 1 and sp["attempts"] > sp["requests"]
     assert any(step >= 4 for step in sp["resumed_from"].values())
 
+
+
+def test_data_parallel_training_beside_sp_groups_takes_the_single_worker_step(tiny_run_yaml,
+                                                                               tmp_path):
+    """Both gpu workers train (parallel.data_parallel) right after serving the rollout as an SP
+    pair: two communicators in each process. The step is the single worker's -- the summed
+    gradients equal its gradients to float rounding (tests/parallel/test_data_parallel.py), and
+    Adam's first step moves each weight by about lr, so a rounding-level gradient difference
+    moves a weight by at most ~2 lr."""
+    alone = _iteration(tiny_run_yaml, str(tmp_path / "alone"), sp=False)
+    both = _iteration(tiny_run_yaml, str(tmp_path / "both"), sp=True, data_parallel=True)
+    trains = [t for t in both["tasks"] if t["stage"] == "train"]
+    assert [t.get("data_parallel") for t in trains] == [2]
+    np.testing.assert_allclose(alone["rewards"], both["rewards"], rtol=0, atol=1e-5)
+    lr = 3e-4
+    moved = max(float(np.abs(alone["weights"][n].numpy() - both["weights"][n].numpy()).max())
+                for n in alone["weights"])
+    assert moved <= 2 * lr + 1e-6
+    same = np.mean([np.allclose(alone["weights"][n].numpy(), both["weights"][n].numpy(),
+                                rtol=0, atol=1e-6) for n in alone["weights"]])
+    assert same >= 0.5, same   # most tensors match to rounding

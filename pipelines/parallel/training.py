@@ -1,0 +1,133 @@
+"""Data-parallel training on the gpu workers' persistent executors.
+
+Every gpu worker trains the same Flow-GRPO step on its share of each micro-batch; the gradients
+(and the step's statistics) are summed over the group before the optimizer step, so every member
+takes the single-process step and ends holding the new weights in its worker context -- the
+next rollout copies nothing (:class:`~spotlight.rl.trainer.FlowGRPO`'s ``peers``).
+
+The group's communicator is a gloo process group of its own (``ProcessGroupGloo`` on a
+rendezvous hosted by rank 0), beside the default group an executor's SP group uses, so a gpu
+worker can be in an SP rollout group and the training group at once. The driver's
+:class:`TrainingGroup` forms it over the live gpu workers and forms it anew when they change:
+a member lost mid-step fails its peers' collectives, and the step is run again from the stored
+version on the rebuilt group.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pipelines.parallel.executor import JOIN_TIMEOUT, _own_host
+from pipelines.parallel.groups import ExecutorGone, await_pinned
+
+
+@dataclass
+class GlooPeers:
+    """This process's place in the training group (:class:`~spotlight.rl.trainer.DataParallelPeers`)."""
+
+    group: object
+    rank: int
+    world: int
+
+    def all_reduce(self, tensors: list[torch.Tensor]) -> None:
+        """Sum every tensor over the group in place: one collective per dtype, flattened."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for same in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in same])
+            self.group.allreduce([flat]).wait()
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+# --- executor side (tasks pinned to one worker) ------------------------------------------------
+_HOSTED: dict[int, dist.TCPStore] = {}   # epoch -> the rendezvous this executor hosts
+_PEERS: dict[int, GlooPeers] = {}        # epoch -> this executor's place in that group
+
+
+def open_training_rendezvous(epoch: int) -> tuple[str, int]:
+    host = _own_host()
+    _HOSTED.clear()   # an older group's rendezvous is not needed any more
+    _HOSTED[epoch] = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                                   timeout=JOIN_TIMEOUT)
+    return host, _HOSTED[epoch].port
+
+
+def join_training(epoch: int, rank: int, world: int, host: str, port: int) -> float:
+    """Join training group ``epoch`` as ``rank`` of ``world``; the seconds it took."""
+    started = time.perf_counter()
+    store = _HOSTED[epoch] if rank == 0 else dist.TCPStore(host, port, is_master=False,
+                                                           timeout=JOIN_TIMEOUT)
+    group = dist.ProcessGroupGloo(dist.PrefixStore(f"train-{epoch}", store), rank, world,
+                                  JOIN_TIMEOUT)
+    _PEERS.clear()
+    _PEERS[epoch] = GlooPeers(group, rank, world)
+    return time.perf_counter() - started
+
+
+def peers(epoch: int) -> GlooPeers:
+    if epoch not in _PEERS:
+        raise RuntimeError(f"executor is not in training group {epoch} (it is in "
+                           f"{list(_PEERS) or 'none'}): form the group first")
+    return _PEERS[epoch]
+
+
+def group_size(epoch: int) -> int:
+    """The members of training group ``epoch`` counted by an all-reduce (a health check: it
+    answers only when every member is there)."""
+    ones = torch.ones(1)
+    peers(epoch).all_reduce([ones])
+    return int(ones.item())
+
+
+# --- driver side --------------------------------------------------------------------------------
+class TrainingGroup:
+    """The training communicator over the gpu workers, formed anew when they change."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.members: tuple[str, ...] = ()
+        self.epoch = 0
+        self.log: list[dict] = []
+
+    def ensure(self, members: list[str]) -> None:
+        """Be formed over ``members`` (in rank order)."""
+        if tuple(members) == self.members:
+            return
+        started = time.perf_counter()
+        self.epoch += 1
+        pinned = set(members)
+        place = await_pinned(self.client, [self.client.submit(
+            open_training_rendezvous, self.epoch, workers=[members[0]], pure=False,
+            allow_other_workers=False)], pinned)[0]
+        joins = [self.client.submit(join_training, self.epoch, rank, len(members), *place,
+                                    workers=[m], pure=False, allow_other_workers=False)
+                 for rank, m in enumerate(members)]
+        await_pinned(self.client, joins, pinned)
+        self.members = tuple(members)
+        self.log.append({"action": "form-training", "members": list(members),
+                         "s": time.perf_counter() - started})
+
+    def run(self, members, fn, *args, attempts: int = 3):
+        """``fn(epoch, *args)`` on every member at once; rank 0's result. A member lost
+        meanwhile: the group is formed anew over whoever ``members()`` lists then, and ``fn``
+        runs again (up to ``attempts`` times)."""
+        for attempt in range(attempts):
+            current = members()
+            try:
+                self.ensure(current)
+                futures = [self.client.submit(fn, self.epoch, *args, workers=[m], pure=False,
+                                              allow_other_workers=False) for m in current]
+                return await_pinned(self.client, futures, set(current))[0]
+            except ExecutorGone as gone:
+                self.log.append({"action": "lost", "executor": gone.address,
+                                 "attempt": attempt + 1})
+                self.members = ()   # formed anew next time, without it
+        raise RuntimeError(f"data-parallel training lost a member in each of {attempts} "
+                           f"attempts ({self.log[-attempts:]}); the gpu workers keep dying")

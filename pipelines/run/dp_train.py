@@ -1,0 +1,41 @@
+"""Training as one data-parallel step over every gpu worker (``parallel.data_parallel``).
+
+Each gpu worker reads the iteration's rollout from the run store and runs the trainer on its
+share of every micro-batch; the gradients are summed over the group
+(:mod:`pipelines.parallel.training`), so all of them take the step a single worker would and
+hold the new weights afterwards. Rank 0's weights and optimizer state become the checkpoint. A
+gpu worker lost mid-step: the group is formed anew over the ones left and the step runs again
+from the stored version.
+"""
+from __future__ import annotations
+
+from pipelines.parallel import training
+from pipelines.run import tasks
+from pipelines.run.sp_rollout import class_workers
+
+
+def dp_train_task(epoch: int, config, store, request: tasks.TrainRequest) -> dict:
+    """One member's part of the data-parallel step."""
+    ctx = tasks.context(config, store)
+    with ctx.lock:
+        rollout = ctx.rollout(request.iteration)
+    return tasks.train_task(config, store, rollout, request, peers=training.peers(epoch))
+
+
+def gpu_workers(driver) -> list[str]:
+    return sorted(class_workers(driver.cluster.client, (driver.config.placed("train")[0],)))
+
+
+def data_parallel(driver) -> bool:
+    """Whether this iteration trains data-parallel: asked for, and more than one gpu worker."""
+    return driver.config.parallel.data_parallel and len(gpu_workers(driver)) > 1
+
+
+def dp_train(driver, request: tasks.TrainRequest) -> dict:
+    """The step on every gpu worker at once; rank 0's result (what :func:`tasks.train_task`
+    returns)."""
+    if driver.training_group is None:
+        driver.training_group = training.TrainingGroup(driver.cluster.client)
+    driver.check_running()
+    return driver.training_group.run(lambda: gpu_workers(driver), dp_train_task, driver.config,
+                                     driver.store, request)

@@ -1,0 +1,61 @@
+"""What each member of a test data-parallel training group runs (spawned, gloo on loopback)."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+ROWS = 7   # not a multiple of the group's size: unequal shares
+
+
+def trainer_and_batch():
+    """A tiny digits FlowGRPO with a sampled trajectory and advantages (the same in every
+    process: fixed seeds)."""
+    from spotlight.config import RunConfig
+    from spotlight.models.base import build_policy
+    from spotlight.rl.sampler import sample
+    from spotlight.rl.trainer import FlowGRPO
+    from spotlight.rl.noise import SampleKey
+
+    torch.manual_seed(0)
+    config = RunConfig().with_values({
+        "model.num_layers": 1, "model.text_dim": 16, "model.text_layers": 1,
+        "model.attention_head_dim": 16, "sampler.num_steps": 3, "grpo.beta_kl": 0.01})
+    policy = build_policy(config)
+    trainer = FlowGRPO(config, policy, lambda images, prompts: np.zeros(len(prompts)),
+                       lambda rewards, where: None)
+    texts = [f"{i}{i + 1}{i + 2}" for i in range(ROWS)]
+    with torch.no_grad():
+        traj = sample(policy, texts, [SampleKey(0, i, i) for i in range(ROWS)], config.sampler,
+                      mode="sde")
+    adv = torch.linspace(-0.5, 1.0, ROWS)   # a mean away from 0: a loss to compare
+    return trainer, traj, adv, texts, traj.trainable_steps
+
+
+def member(rank: int, world: int, port: int, out_dir: str) -> None:
+    from pipelines.parallel.training import GlooPeers
+    from spotlight.rl.trainer import share_of
+
+    torch.set_num_threads(1)
+    trainer, traj, adv, texts, steps = trainer_and_batch()
+    idx = torch.arange(ROWS)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    alone = trainer._backward(traj, idx, adv, texts, steps, 1.0)
+    expected = {n: p.grad.clone() for n, p in trainer.policy.named_parameters()
+                if p.grad is not None}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
+                          timeout=timedelta(seconds=60))
+    trainer.peers = GlooPeers(dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
+                                                    timedelta(seconds=60)), rank, world)
+    mine = share_of(ROWS, rank, world)
+    part = trainer._backward(traj, idx[mine], adv[mine], texts[mine], steps,
+                             (mine.stop - mine.start) / ROWS)
+    summed = trainer._sum_over_peers(part)
+    grads = {n: p.grad for n, p in trainer.policy.named_parameters() if n in expected}
+    torch.save({"grad_diff": max(float((grads[n] - expected[n]).abs().max()) for n in expected),
+                "grad_scale": max(float(g.abs().max()) for g in expected.values()),
+                "params": len(expected), "stats": summed, "alone": alone},
+               f"{out_dir}/rank{rank}.pt")
