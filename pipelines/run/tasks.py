@@ -240,14 +240,8 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
     if not config.stream_latents:
         return sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps)
     leads = member is None or member.leads
-    point = ctx.store.resume_point(stage, request) if leads else None
-    point = point if member is None else member.agree(point)
-    start = 0
-    if point is not None:
-        if point.weights_version != version:
-            raise RuntimeError(f"{stage}/{request} was started with weights version "
-                               f"{point.weights_version}, now asked for {version}")
-        start = point.step
+    point = _resume_point(ctx.store, stage, request, version, member)
+    start = 0 if point is None else point.step
     if progress is not None:
         progress.update(resumed_from=start, first_step_at=None)
         if member is None:   # a group's members stop together only when the group breaks
@@ -278,6 +272,18 @@ def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, 
         traj.latents[:, :start] = torch.from_numpy(earlier).transpose(0, 1)
         _recompute_log_probs(ctx.policy, traj, prompts, config, start, steps)
     return traj
+
+
+def _resume_point(store: RunStore, stage: str, request: str, version: int, member):
+    """The request's last committed step (None: none), read by the group's leader alone and
+    agreed on by its other members; a step of another weights version is an error."""
+    leads = member is None or member.leads
+    point = store.resume_point(stage, request) if leads else None
+    point = point if member is None else member.agree(point)
+    if point is not None and point.weights_version != version:
+        raise RuntimeError(f"{stage}/{request} was started with weights version "
+                           f"{point.weights_version}, now asked for {version}")
+    return point
 
 
 def _latent_labels(config: RunConfig, prompts: list[str], seeds: np.ndarray, steps: int,
