@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 clean:
 	rm -rf $(VENV) runs reports

@@ -18,6 +18,29 @@ SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_pr
       "sampler.num_steps": 12, "mode": "vanilla"}
 
 
+@pytest.fixture(scope="module")
+def run_yaml(tmp_path_factory):
+    import yaml
+
+    from tests.pipelines.conftest import TINY_RUN
+
+    path = tmp_path_factory.mktemp("sp-runs") / "tiny-run.yaml"
+    path.write_text(yaml.safe_dump(TINY_RUN))
+    return path
+
+
+@pytest.fixture(scope="module")
+def alone(run_yaml, tmp_path_factory):
+    """One iteration with the rollout and training on single gpu workers."""
+    return _iteration(run_yaml, str(tmp_path_factory.mktemp("alone") / "run"), sp=False)
+
+
+@pytest.fixture(scope="module")
+def grouped(run_yaml, tmp_path_factory):
+    """The same iteration with the rollout on an SP pair, uninterrupted."""
+    return _iteration(run_yaml, str(tmp_path_factory.mktemp("sp") / "run"), sp=True)
+
+
 def _iteration(yaml_path, url, sp: bool, during=None, data_parallel: bool = False):
     config = load_config(yaml_path, {**SP, **({"parallel.size_classes": ["12x32:2"]} if sp
                                               else {}),
@@ -50,9 +73,7 @@ def _same(a: dict, b: dict, atol: float) -> None:
                                    rtol=0, atol=atol, err_msg=name)
 
 
-def test_an_sp_rollout_equals_the_single_worker_rollout(tiny_run_yaml, tmp_path):
-    alone = _iteration(tiny_run_yaml, str(tmp_path / "alone"), sp=False)
-    grouped = _iteration(tiny_run_yaml, str(tmp_path / "sp"), sp=True)
+def test_an_sp_rollout_equals_the_single_worker_rollout(alone, grouped):
     _same(alone, grouped, atol=1e-5)
     assert np.abs(grouped["log_probs"]).sum() > 0
     assert grouped["names"] == ["p0000", "p0001"]
@@ -63,14 +84,14 @@ def test_an_sp_rollout_equals_the_single_worker_rollout(tiny_run_yaml, tmp_path)
     assert "sp" not in (alone["record"] or {}) or alone["record"]["sp"] is None
 
 
-def test_a_member_killed_mid_request_regroups_and_the_request_resumes(tiny_run_yaml, tmp_path):
+def test_a_member_killed_mid_request_regroups_and_the_request_resumes(run_yaml, grouped,
+                                                                       tmp_path):
     """SIGKILL one gpu worker once the first request has committed 4 steps: the survivors
     regroup, the request resumes from its committed steps, and the iteration equals the
     uninterrupted SP run."""
     from pipelines.parallel.groups import kill_executors
     from storage import RunStore
 
-    uninterrupted = _iteration(tiny_run_yaml, str(tmp_path / "whole"), sp=True)
     url = str(tmp_path / "cut")
     killed: list[str] = []
 
@@ -86,24 +107,23 @@ def test_a_member_killed_mid_request_regroups_and_the_request_resumes(tiny_run_y
                 killed.append(victim)
             time.sleep(0.005)
 
-    cut = _iteration(tiny_run_yaml, url, sp=True, during=kill_mid_request)
+    cut = _iteration(run_yaml, url, sp=True, during=kill_mid_request)
     assert killed, "the request finished before the kill: lengthen it"
-    _same(uninterrupted, cut, atol=0)   # bit for bit: resumed from committed steps
+    _same(grouped, cut, atol=0)   # bit for bit: resumed from committed steps
     sp = cut["record"]["sp"]
     assert sp["losses"] >= 1 and sp["attempts"] > sp["requests"]
     assert any(step >= 4 for step in sp["resumed_from"].values())
 
 
 
-def test_data_parallel_training_beside_sp_groups_takes_the_single_worker_step(tiny_run_yaml,
+def test_data_parallel_training_beside_sp_groups_takes_the_single_worker_step(run_yaml, alone,
                                                                                tmp_path):
     """Both gpu workers train (parallel.data_parallel) right after serving the rollout as an SP
     pair: two communicators in each process. The step is the single worker's -- the summed
     gradients equal its gradients to float rounding (tests/parallel/test_data_parallel.py), and
     Adam's first step moves each weight by about lr, so a rounding-level gradient difference
     moves a weight by at most ~2 lr."""
-    alone = _iteration(tiny_run_yaml, str(tmp_path / "alone"), sp=False)
-    both = _iteration(tiny_run_yaml, str(tmp_path / "both"), sp=True, data_parallel=True)
+    both = _iteration(run_yaml, str(tmp_path / "both"), sp=True, data_parallel=True)
     trains = [t for t in both["tasks"] if t["stage"] == "train"]
     assert [t.get("data_parallel") for t in trains] == [2]
     np.testing.assert_allclose(alone["rewards"], both["rewards"], rtol=0, atol=1e-5)
