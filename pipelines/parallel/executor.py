@@ -33,9 +33,12 @@ import torch.distributed as dist
 from spotlight.parallel import ulysses
 
 # A join completes in milliseconds; a member that died before joining must not hold the
-# others (each a worker's only thread) for long. torch ties the group's collectives to the
-# same timeout: a member waits at most this long for a peer within one SP step.
+# others (each a worker's only thread) for long.
 JOIN_TIMEOUT = timedelta(seconds=15)
+# Once joined, how long a member waits for a peer in one collective. A peer that is busy --
+# still loading a version, finishing another task of its worker -- is slow, not lost; a lost
+# peer is seen at once, by its reset connection, not by this timeout.
+STEP_TIMEOUT = timedelta(minutes=10)
 # Node-local shared memory (tmpfs) where it exists; the temp folder otherwise.
 SHARED_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
 
@@ -130,6 +133,7 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
                             rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
+    dist.distributed_c10d._set_pg_timeout(STEP_TIMEOUT)   # joined: collectives may wait longer
     if not STATE.run:   # a run's policy is shared with other tasks: switched per request
         ulysses.enable(STATE.model, dist.group.WORLD)
     STATE.epoch = epoch

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipelines.parallel.executor import JOIN_TIMEOUT, _own_host
+from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
 
 
@@ -66,6 +66,7 @@ def join_training(epoch: int, rank: int, world: int, host: str, port: int) -> fl
                                                            timeout=JOIN_TIMEOUT)
     group = dist.ProcessGroupGloo(dist.PrefixStore(f"train-{epoch}", store), rank, world,
                                   JOIN_TIMEOUT)
+    group._set_default_timeout(STEP_TIMEOUT)   # joined: a step's all-reduce may wait longer
     _PEERS.clear()
     _PEERS[epoch] = GlooPeers(group, rank, world)
     return time.perf_counter() - started

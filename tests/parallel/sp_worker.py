@@ -62,3 +62,23 @@ def member(rank: int, world: int, port: int, out_dir: str, backward: bool) -> No
                                          return_dict=False)[0] - reference).abs().max()
     torch.save({k: float(v) for k, v in result.items()}, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
+
+
+def late_member(rank: int, port: int, out_dir: str) -> None:
+    """Join a group of two through the executor (a 2 s join timeout); rank 1 then reaches the
+    first collective 4 s late -- busy, not lost."""
+    import time
+    from datetime import timedelta
+
+    from pipelines.parallel import executor
+
+    executor.JOIN_TIMEOUT = timedelta(seconds=2)
+    executor.STATE.model, executor.STATE.version = tiny_transformer(), 0
+    executor.STATE.rendezvous = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
+                                              timeout=executor.JOIN_TIMEOUT)
+    executor.join(1, rank, 2, "127.0.0.1", port, 0)
+    if rank == 1:
+        time.sleep(4)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    torch.save(float(total.item()), f"{out_dir}/late{rank}.pt")

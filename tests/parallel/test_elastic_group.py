@@ -87,3 +87,19 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     assert resumed["resumed_from"] == cut   # not from the start
     assert (resumed["latents"] - expected).abs().max() <= 1e-5
     assert store.resume_point("sp", "r0").step == STEPS
+
+
+def test_a_peer_late_to_a_collective_is_waited_for_not_dropped(tmp_path):
+    """Joining times out fast (a member that died before joining must not hold the others);
+    a joined peer that is only busy -- here 4 s past the 2 s join timeout -- is waited for."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from tests.parallel.sp_worker import late_member
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(late_member, args=(port, str(tmp_path)), nprocs=2)
+    assert [torch.load(tmp_path / f"late{r}.pt") for r in range(2)] == [2.0, 2.0]
