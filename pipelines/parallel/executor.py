@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -140,9 +141,13 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
     return {"communicator_s": time.perf_counter() - started}
 
 
-def leave() -> None:
-    """Leave the current group, if any (its communicator is dropped, the model kept)."""
+def leave(abort: bool = False) -> None:
+    """Leave the current group, if any (its communicator is dropped, the model kept). With
+    ``abort`` (this member failed mid-collective) its connections are closed at once, so a peer
+    blocked on it fails too instead of waiting :data:`STEP_TIMEOUT`."""
     if dist.is_initialized():
+        if abort:
+            _abort(dist.distributed_c10d._get_default_group())
         dist.destroy_process_group()
     if STATE.ddp is not None:   # it trained last: serving again takes the model as it was
         STATE.model.eval().requires_grad_(False)
@@ -190,7 +195,8 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
         STATE.ddp = None
         STATE.model.eval().requires_grad_(False)
         ulysses.enable(STATE.model, dist.group.WORLD)
-    out = ulysses.forward(STATE.model, dist.group.WORLD, **inputs)
+    with breaks_on_error():
+        out = ulysses.forward(STATE.model, dist.group.WORLD, **inputs)
     return out if dist.get_rank() == 0 else None
 
 
@@ -213,10 +219,11 @@ def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
             start, latents = point.step, torch.from_numpy(point.latent)
         sink = store.latent_sink("sp", commit_interval_s=0.0)
     begin = torch.tensor([start])
-    dist.broadcast(begin, src=0)   # where the request stands, for every member
+    with breaks_on_error():
+        dist.broadcast(begin, src=0)   # where the request stands, for every member
+        latents = latents.clone()
+        dist.broadcast(latents, src=0)
     start = int(begin.item())
-    latents = latents.clone()
-    dist.broadcast(latents, src=0)
     sigmas = torch.linspace(1.0, 0.0, steps + 1)
     try:
         if sink is not None and start == 0:
@@ -229,7 +236,8 @@ def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
                 if sink is not None:
                     sink.commit(request, k + 1, latents.numpy(), num_steps=steps,
                                 weights_version=STATE.version)
-            dist.broadcast(latents, src=0)
+            with breaks_on_error():
+                dist.broadcast(latents, src=0)
     finally:
         if sink is not None:   # what was computed is kept, also when a peer is lost
             sink.close(raise_errors=False)
@@ -280,6 +288,25 @@ def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
 def holds() -> int | None:
     """The weights version this executor holds (None: none)."""
     return STATE.version
+
+
+def _abort(group) -> None:
+    try:
+        group.abort()
+    except (RuntimeError, NotImplementedError):   # a backend without abort: shut it down
+        group.shutdown()
+
+
+@contextmanager
+def breaks_on_error():
+    """Collectives of this member's group inside; if anything here fails (a peer lost, a bug
+    on this member), the member leaves the group at once -- its peers, which may be blocked
+    on it, fail too and the group is re-formed (a timeout would hold them for minutes)."""
+    try:
+        yield
+    except BaseException:
+        leave(abort=True)
+        raise
 
 
 def check_epoch(epoch: int) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _own_host
+from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _abort, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
 
 
@@ -39,7 +39,14 @@ class GlooPeers:
             by_dtype.setdefault(t.dtype, []).append(t)
         for same in by_dtype.values():
             flat = torch.cat([t.reshape(-1) for t in same])
-            self.group.allreduce([flat]).wait()
+            try:
+                self.group.allreduce([flat]).wait()
+            except BaseException:
+                # This member leaves at once: a peer blocked on it fails too instead of
+                # waiting out the timeout, and the driver forms the group anew.
+                _PEERS.clear()
+                _abort(self.group)
+                raise
             offset = 0
             for t in same:
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))

@@ -49,7 +49,8 @@ def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> d
     with ctx.lock:
         policy = ctx.policy_at(chunk.version)
         policy.eval()
-        with ulysses.sequence_parallel(policy.transformer, dist.group.WORLD):
+        with executor.breaks_on_error(), \
+                ulysses.sequence_parallel(policy.transformer, dist.group.WORLD):
             traj = _sample_chunk(ctx, chunk, progress, member=member)
     if not member.leads:
         return None
