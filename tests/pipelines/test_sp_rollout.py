@@ -86,25 +86,27 @@ def test_an_sp_rollout_equals_the_single_worker_rollout(alone, grouped):
 
 def test_a_member_killed_mid_request_regroups_and_the_request_resumes(run_yaml, grouped,
                                                                        tmp_path):
-    """SIGKILL one gpu worker once the first request has committed 4 steps: the survivors
-    regroup, the request resumes from its committed steps, and the iteration equals the
-    uninterrupted SP run."""
+    """SIGKILL one gpu worker while a request is under way (4 or more of its steps committed,
+    not near its end): the survivors regroup, that request resumes from its committed steps,
+    and the iteration equals the uninterrupted SP run."""
     from pipelines.parallel.groups import kill_executors
     from storage import RunStore
 
     url = str(tmp_path / "cut")
-    killed: list[str] = []
+    killed: list[tuple[str, int]] = []   # (request, its committed step at the kill)
 
     def kill_mid_request(session) -> None:
         deadline = time.monotonic() + 120
+        steps = SP["sampler.num_steps"]
         while time.monotonic() < deadline and not killed:
             groups = session.driver.sp_groups
-            point = RunStore.open(url, create=False).resume_point("iter-0/rollout", "p0000") \
-                if groups else None
-            if point is not None and point.step >= 4:
-                victim = sorted(groups.membership.executors)[-1]
-                kill_executors(groups.client, [victim])
-                killed.append(victim)
+            store = RunStore.open(url, create=False) if groups else None
+            for name in ("p0000", "p0001") if store else ():
+                point = store.resume_point("iter-0/rollout", name)
+                if point is not None and 4 <= point.step < steps - 2:   # under way
+                    kill_executors(groups.client, [sorted(groups.membership.executors)[-1]])
+                    killed.append((name, point.step))
+                    break
             time.sleep(0.005)
 
     cut = _iteration(run_yaml, url, sp=True, during=kill_mid_request)
@@ -112,7 +114,8 @@ def test_a_member_killed_mid_request_regroups_and_the_request_resumes(run_yaml, 
     _same(grouped, cut, atol=0)   # bit for bit: resumed from committed steps
     sp = cut["record"]["sp"]
     assert sp["losses"] >= 1 and sp["attempts"] > sp["requests"]
-    assert any(step >= 4 for step in sp["resumed_from"].values())
+    name, step = killed[0]
+    assert sp["resumed_from"].get(name, 0) >= step   # from its committed steps, not from 0
 
 
 
