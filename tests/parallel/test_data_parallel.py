@@ -22,7 +22,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("world", [2, 3])
 def test_summed_gradients_equal_the_single_process_step(tmp_path, world):
     mp.spawn(member, args=(world, _free_port(), str(tmp_path)), nprocs=world)
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for r in results:
         assert r["params"] > 10 and r["grad_scale"] > 0
         assert r["grad_diff"] <= 1e-6 * max(1.0, r["grad_scale"]), r["grad_diff"]

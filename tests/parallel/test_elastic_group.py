@@ -102,4 +102,4 @@ def test_a_peer_late_to_a_collective_is_waited_for_not_dropped(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(late_member, args=(port, str(tmp_path)), nprocs=2)
-    assert [torch.load(tmp_path / f"late{r}.pt") for r in range(2)] == [2.0, 2.0]
+    assert [torch.load(tmp_path / f"late{r}.pt", weights_only=True) for r in range(2)] == [2.0, 2.0]
