@@ -8,11 +8,11 @@ Two measurements, joined:
    has both run the fixed budget (where the area under the curve and the value at the budget
    are read) and reached the target, or for at most ``--iterations``. Each job is saved when it
    ends; ``--resume`` continues a cut-off bench.
-2. *Time per iteration*, on the embedded cluster (1 gpu + 1 spot worker): the first seed's runs
-   of every mode until the target, with the stale exploration on the spot worker from the start
-   of the iteration (spot capacity of its own, as deployed). Their critical-path seconds per
-   iteration turn iterations to target into time and dollars; their own wall time to the
-   target is the check on that product.
+2. *Time per iteration*, on the embedded cluster (1 gpu + 1 spot worker), first: the first
+   seed's runs of every mode until the target or the budget, with the stale exploration on the
+   spot worker from the start of the iteration (spot capacity of its own, as deployed). Their
+   critical-path seconds per iteration turn iterations to target into time and dollars; their
+   own wall time (to the target, or of the budget's iterations) is the check on that product.
 
 The modes compare at equal exploration budget (the same candidates and replay steps):
 ``vanilla`` random seeds; ``sync`` explores with the current weights before the rollout (fresh,
@@ -22,7 +22,6 @@ the harness replays every candidate -- so ``spotlight`` here is stale exploratio
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -38,7 +37,6 @@ from pipelines.bench.convergence_report import summarize
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, planned_ratio, run_jobs
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
-from spotlight.evidence import crossing
 from spotlight.exploration.planner import exploration_window_s
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
@@ -135,27 +133,20 @@ def seconds_per_iteration(cluster_run: dict) -> float:
     return float(np.median(plain or cluster_run["iteration_s"]))
 
 
-def cluster_iterations(reach: float | None, every: int, budget: int) -> int:
-    """How long a cluster check runs: to the validation at or after the harness's crossing (the
-    cluster stops there, having computed the same curve), or, where the harness never got
-    there, long enough to time iterations that validate nothing."""
-    if reach is None:
-        return min(budget, every + 2)
-    return min(budget, max(3, math.ceil(reach / every) * every))
-
-
 def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
                   target: float) -> bool:
-    """The harness run ``mode``/``seed`` again on the embedded cluster, as far as the target
-    (saved as ``cluster-MODE-seedS``); False if it was saved already."""
+    """``mode``/``seed`` on the embedded cluster until the target or the budget, whichever is
+    first (saved as ``cluster-MODE-seedS``); False if it was saved already. The budget caps it
+    because what it measures -- seconds per iteration, and the wall time of iterations against
+    that -- needs a few plain iterations, not a far crossing: past the budget the check
+    compares the wall time of the budget's iterations instead of the time to target."""
     name = f"cluster-{mode}-seed{seed}"
     if name in store.loaded:
         return False
     url = store.folder / "runs" / name
     shutil.rmtree(url, ignore_errors=True)   # a cut-off cluster run starts over
-    reach = crossing([tuple(p) for p in store.loaded[f"{mode}-seed{seed}"]["val_curve"]], target)
     store.save(name, run_until(plan.config.with_values({"seed": seed}), mode, str(url), target,
-                               cluster_iterations(reach, plan.every, plan.iterations)))
+                               plan.budget or plan.iterations))
     return True
 
 
@@ -242,13 +233,11 @@ def longest_first(modes: tuple[str, ...]) -> list[str]:
 def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
                seed_list: list[int], checked: list[int], workers: int, goal: float,
                report: Callable[[], dict]) -> None:
-    """The checked seeds first (with the next seed beside them, so no worker waits for the
-    last of them alone), then their cluster runs (on an otherwise idle machine: they measure
-    time), then the other seeds: a bench cut off early has its time figures."""
+    """The checked seeds' cluster runs first, on an otherwise idle machine (they measure time,
+    and the planned modes plan on the spotlight run's), then every harness job in one pool,
+    seed by seed and the dearer modes first: a bench cut off early has its time figures and
+    whole seeds, and only the last jobs leave a core idle."""
     timed = [m for m in modes if planned_ratio(m) is None]
-    first = seed_list[:len(checked) + 1]
-    run_jobs(plan, [Job(m, s) for s in first for m in longest_first(tuple(timed))], store,
-             workers, on_done=report)
     for seed in checked:
         for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):

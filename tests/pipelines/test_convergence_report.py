@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from pipelines.bench.convergence import (cluster_iterations, measured_time_model,
+from pipelines.bench.convergence import (measured_time_model,
                                          seconds_per_iteration)
+from pipelines.bench.convergence_plot import shown_ratios
 from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
 from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio
 from pipelines.run.harness import HarnessIteration, HarnessRun
@@ -26,7 +27,8 @@ def job(curve, group_std=0.2, audits=(), lag_taus=None):
 def cluster(seconds, curve=(), reached=None, wall=None):
     # Iteration 0 (warm-up) and the validating iterations are left out of the median.
     return {"iteration_s": [99.0, seconds, seconds, 50.0], "validated": [False, False, False, True],
-            "val_curve": list(curve), "iterations_to_target": reached, "time_to_target_s": wall}
+            "val_curve": list(curve), "iterations_to_target": reached, "time_to_target_s": wall,
+            "wall_s": 149.0 + 2 * seconds}
 
 
 def saved_jobs():
@@ -74,6 +76,16 @@ def test_summary_figures_by_hand(tmp_path):
     check = result["cluster_check"]["sync"]
     assert check["curve_matches_harness"] and check["estimate_s"] == 5 * 20.0
     assert check["relative_error"] == pytest.approx((100.0 - 110.0) / 110.0)
+    assert check["reached_target"] and check["wall_s"] == 110.0
+    # Vanilla's cluster run stopped at the budget short of the target: its 4 iterations' wall
+    # time against 4 x its seconds per iteration.
+    check = result["cluster_check"]["vanilla"]
+    assert not check["reached_target"] and check["iterations"] == 4
+    assert check["relative_error"] == pytest.approx((40.0 - 169.0) / 169.0)
+    by_mode = result["speedup_by_mode"]
+    assert by_mode["spotlight"]["vs_vanilla"] == result["speedup_vs_vanilla"]
+    assert by_mode["sync"]["vs_sync"] is None
+    assert by_mode["sync"]["iterations_vs_vanilla"]["per_seed"] == pytest.approx([10 / 4, 15 / 5])
     tau = result["kendall_tau"]
     assert tau["audits"] == 3 and tau["median"] == pytest.approx(0.8)
     assert tau["by_staleness"]["1"]["median"] == 0.9 and tau["by_staleness"]["2"]["probes"] == 1
@@ -129,12 +141,7 @@ def test_the_job_store_resumes_only_its_own_bench(tmp_path):
     assert json.loads((tmp_path / "vanilla-seed0.json").read_text())["result"] == {"x": 1}
 
 
-def test_cluster_check_length_and_seconds_per_iteration():
-    assert cluster_iterations(7.5, 5, 20) == 10     # to the validation at or after 7.5
-    assert cluster_iterations(10.0, 5, 20) == 10
-    assert cluster_iterations(1.0, 5, 20) == 5
-    assert cluster_iterations(None, 5, 20) == 7     # never reached: long enough to time
-    assert cluster_iterations(None, 5, 4) == 4      # never past the budget
+def test_seconds_per_iteration_leave_out_the_warm_up_and_validations():
     assert seconds_per_iteration(cluster(12.0)) == 12.0
     assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
 
@@ -172,6 +179,9 @@ def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
     assert hourly_usd(CONFIG, "planned-x4") > hourly_usd(CONFIG, "spotlight")
     assert result["planner_choices"]["planned-x4"][0] == [1, 24, 7, 32]
     assert "planned-x4" not in result["cluster_check"]
+    # Same iterations as spotlight at spotlight's seconds: the same ratios, drawn beside it.
+    assert result["speedup_by_mode"]["planned-x4"] == result["speedup_by_mode"]["spotlight"]
+    assert [label for label, _ in shown_ratios(result)][-1] == "time: vanilla / planned-x4"
 
 
 def test_a_job_stops_once_it_has_run_the_budget_and_reached_the_target():
