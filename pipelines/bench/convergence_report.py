@@ -125,12 +125,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "speedup_vs_sync": ratio("sync", "spotlight", times),
         "iteration_speedup_vs_vanilla": ratio("vanilla", "spotlight", its),
         "staleness_cost": ratio("spotlight", "sync", its),   # stale's iterations ÷ fresh's
-        # Every exploring mode against the baselines (the planned modes and their spot
-        # capacity among them), in time and in iterations.
-        "speedup_by_mode": {m: {"vs_vanilla": ratio("vanilla", m, times),
-                                "vs_sync": ratio("sync", m, times) if m != "sync" else None,
-                                "iterations_vs_vanilla": ratio("vanilla", m, its)}
-                            for m in modes if m != "vanilla"},
+        "speedup_by_mode": speedup_by_mode(modes, times, its),
         "kendall_tau": tau_figures(spot_jobs),
         "group_std_gain": group_std_gain(figures),
         "auc": {m: bootstrap_median(figures[m]["auc"]) for m in modes},
@@ -166,6 +161,19 @@ def strict_at_budget(saved: dict[str, dict], modes: list[str], seeds: list[int],
                                                            for x in scores])) for t in tags},
                      "partial_mean": float(np.median([x["partial_mean"] for x in scores]))}
     return out
+
+
+def speedup_by_mode(modes: list[str], times: dict[str, list], its: dict[str, list]) -> dict:
+    """Every exploring mode against the baselines, paired over seeds: in time (vanilla's and
+    sync's over the mode's) and in iterations (vanilla's over the mode's). The planned modes,
+    at their spot capacity, are among them."""
+    def ratio(a: str, b: str, of: dict) -> dict | None:
+        return bootstrap_median(paired_ratios(of[a], of[b])) if a in of and b in of else None
+
+    return {m: {"vs_vanilla": ratio("vanilla", m, times),
+                "vs_sync": ratio("sync", m, times) if m != "sync" else None,
+                "iterations_vs_vanilla": ratio("vanilla", m, its)}
+            for m in modes if m != "vanilla"}
 
 
 def group_std_gain(figures: dict) -> dict:
