@@ -110,9 +110,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
 
-    def ratio(a: str, b: str, of: dict) -> dict | None:
-        return bootstrap_median(paired_ratios(of[a], of[b])) if a in of and b in of else None
-
+    ratio = paired_ratio
     spot_jobs = [saved[f"spotlight-seed{s}"] for s in done] if "spotlight" in modes else []
     result.update({
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
@@ -163,16 +161,18 @@ def strict_at_budget(saved: dict[str, dict], modes: list[str], seeds: list[int],
     return out
 
 
+def paired_ratio(a: str, b: str, of: dict[str, list]) -> dict | None:
+    """Median and 90% interval of ``of[a] / of[b]`` over paired seeds; None without both."""
+    return bootstrap_median(paired_ratios(of[a], of[b])) if a in of and b in of else None
+
+
 def speedup_by_mode(modes: list[str], times: dict[str, list], its: dict[str, list]) -> dict:
     """Every exploring mode against the baselines, paired over seeds: in time (vanilla's and
     sync's over the mode's) and in iterations (vanilla's over the mode's). The planned modes,
     at their spot capacity, are among them."""
-    def ratio(a: str, b: str, of: dict) -> dict | None:
-        return bootstrap_median(paired_ratios(of[a], of[b])) if a in of and b in of else None
-
-    return {m: {"vs_vanilla": ratio("vanilla", m, times),
-                "vs_sync": ratio("sync", m, times) if m != "sync" else None,
-                "iterations_vs_vanilla": ratio("vanilla", m, its)}
+    return {m: {"vs_vanilla": paired_ratio("vanilla", m, times),
+                "vs_sync": paired_ratio("sync", m, times) if m != "sync" else None,
+                "iterations_vs_vanilla": paired_ratio("vanilla", m, its)}
             for m in modes if m != "vanilla"}
 
 
