@@ -229,6 +229,13 @@ class PlannerConfig(Validated):
     train_time_window: int = spec(5, "Iterations averaged to predict the exploration window "
                                      "(training time, or rollout to training end).",
                                   range=(1, 1000))
+    # Measured offline on the base OCR model (docs/results.md, "What the exploration settings
+    # buy"): the selected groups' spread grows with N at every M and with M at every N. So under
+    # billed payoff (every fitting setting costs the window) a dominated arm can only lose, and
+    # trying it spends iterations: 9 arms took 18 iterations of a 15-iteration run to try once.
+    prune_dominated: bool = spec(True, "With payoff 'billed', leave out a fitting setting when "
+                                       "another that fits has at least as many candidates and "
+                                       "at least as many replay steps.")
     payoff: str = spec("billed", "What a setting's spread gain is paid per: 'billed' = the "
                                  "spot-seconds the exploration window held its slots (spot "
                                  "capacity is billed while alive, busy or idle, so the best "

@@ -109,6 +109,8 @@ class ExplorationPlanner:
         else:
             fits = [a for a in useful
                     if wall(self.arms[a][0], self._steps(a, rollout_steps)) <= budget]
+            if self.config.payoff == "billed" and self.config.prune_dominated:
+                fits = self._undominated(fits, rollout_steps)
             if fits:
                 arm = self._choose(fits)
                 n, m = self.arms[arm][0], self._steps(arm, rollout_steps)
@@ -120,6 +122,17 @@ class ExplorationPlanner:
         plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
+
+    def _undominated(self, fits: list[int], rollout_steps: int) -> list[int]:
+        """The fitting arms no other fitting arm dominates -- at least as many candidates and
+        replay steps (of two alike, the first stays). Billed spot time costs the same whatever
+        runs in it, and the spread grows with both, so a dominated arm is not worth a try."""
+        key = {a: (self.arms[a][0], self._steps(a, rollout_steps)) for a in fits}
+
+        def dominated(a: int) -> bool:
+            return any(b != a and key[b][0] >= key[a][0] and key[b][1] >= key[a][1]
+                       and (key[b] != key[a] or b < a) for b in fits)
+        return [a for a in fits if not dominated(a)]
 
     def _choose(self, fits: list[int]) -> int:
         untried = [a for a in fits if self.pulls[a] == 0]

@@ -141,7 +141,10 @@ def test_replay_steps_past_the_rollouts_mean_the_rollouts_own():
 def test_the_exploration_bonus_revisits_an_arm_that_looked_worse(gamma):
     """UCB, not greedy: an arm tried once with a slightly lower payoff is tried again as the
     better-looking one piles up pulls -- and only because of the bonus (gamma)."""
-    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0], gamma=gamma))
+    # Paid per busy second (the same 1 s for both here): under billed payoff 16 candidates,
+    # dominated by 32 at the same steps, would not be tried at all.
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0], gamma=gamma,
+                                               payoff="busy"))
     gain = {16: 1.50, 32: 1.45}   # as measured: 32 candidates looks a little worse
     chosen = []
     for k in range(40):
@@ -155,3 +158,28 @@ def test_the_exploration_bonus_revisits_an_arm_that_looked_worse(gamma):
         assert revisits >= 2, chosen
     else:
         assert revisits == 0, chosen
+
+
+def test_billed_payoff_tries_only_the_settings_no_fitting_one_dominates():
+    """Billed spot time costs the same whatever runs in it and the spread grows with N and M,
+    so of the fitting arms only the undominated ones are tried: with room for everything, the
+    most candidates at the full replay at once; with room for N x M <= 150 per prompt, 16 x 7
+    and 24 x 6 (16 x 6 is dominated by both)."""
+    config = PlannerConfig(candidates=[16, 24, 32], steps=[0, 7, 6])
+    roomy = ExplorationPlanner(config)
+    assert {roomy.plan(k, PROMPTS, GROUP, 1, [100.0], 0.001, ROLLOUT_STEPS).candidates
+            for k in range(6)} == {32}
+    assert roomy.events[0]["steps"] == ROLLOUT_STEPS and roomy.events[0]["reason"] == \
+        "untried setting"
+    # 0.9 x 10 s / (16 prompts x 0.0037 s) = 152 sample-steps a prompt.
+    tried = {}
+    for prune in (True, False):
+        tight = ExplorationPlanner(PlannerConfig(candidates=[16, 24, 32], steps=[0, 7, 6],
+                                                 prune_dominated=prune))
+        tried[prune] = set()
+        for k in range(8):
+            plan = tight.plan(k, PROMPTS, GROUP, 1, [10.0], 0.0037, ROLLOUT_STEPS)
+            tried[prune].add((plan.candidates, plan.steps))
+            tight.record(plan, 1.0, selected_std=0.25, random_std=0.2, billed_s=10.0)
+    assert tried[True] == {(16, 7), (24, 6)}
+    assert tried[False] == {(16, 7), (16, 6), (24, 6)}
