@@ -64,8 +64,9 @@ def plot_iterations(ax, result: dict) -> None:
         missed = [i + j for j, x in zip(jitter, its) if x is None]
         ax.scatter(missed, [never] * len(missed), color=f"C{i}", marker="x", s=24)
     modes = list(result["iterations_to_target"])
-    ax.set_xticks(range(len(modes)), modes, rotation=30 if len(modes) > 3 else 0, ha="right"
-                  if len(modes) > 3 else "center")
+    slanted = len(modes) > 3   # more names than fit side by side
+    ax.set_xticks(range(len(modes)), modes, rotation=30 if slanted else 0,
+                  ha="right" if slanted else "center")
     ax.set(ylabel="iterations to target", ylim=(0, never + 2),
            title="per seed (bar: median; x: never, at the cap)")
 

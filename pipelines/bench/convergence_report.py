@@ -110,7 +110,8 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
 
-    ratio = paired_ratio
+    by_mode = speedup_by_mode(modes, times, its)
+    stale = by_mode.get("spotlight", {})
     spot_jobs = [saved[f"spotlight-seed{s}"] for s in done] if "spotlight" in modes else []
     result.update({
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
@@ -119,11 +120,11 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "time_to_target_s": times,
         "cost_to_target_usd": {m: [t / 3600.0 * hourly_usd(config, m) for t in ts]
                                for m, ts in times.items()},
-        "speedup_vs_vanilla": ratio("vanilla", "spotlight", times),
-        "speedup_vs_sync": ratio("sync", "spotlight", times),
-        "iteration_speedup_vs_vanilla": ratio("vanilla", "spotlight", its),
-        "staleness_cost": ratio("spotlight", "sync", its),   # stale's iterations ÷ fresh's
-        "speedup_by_mode": speedup_by_mode(modes, times, its),
+        "speedup_vs_vanilla": stale.get("vs_vanilla"),
+        "speedup_vs_sync": stale.get("vs_sync"),
+        "iteration_speedup_vs_vanilla": stale.get("iterations_vs_vanilla"),
+        "staleness_cost": paired_ratio("spotlight", "sync", its),   # stale's its ÷ fresh's
+        "speedup_by_mode": by_mode,
         "kendall_tau": tau_figures(spot_jobs),
         "group_std_gain": group_std_gain(figures),
         "auc": {m: bootstrap_median(figures[m]["auc"]) for m in modes},
