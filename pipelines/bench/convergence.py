@@ -14,11 +14,13 @@ Two measurements, joined:
    critical-path seconds per iteration turn iterations to target into time and dollars; their
    own wall time (to the target, or of the budget's iterations) is the check on that product.
 
-The modes compare at equal exploration budget (the same candidates and replay steps):
-``vanilla`` random seeds; ``sync`` explores with the current weights before the rollout (fresh,
-on the critical path); ``spotlight`` explores with the previous iteration's weights off it
-(stale). The planner and the exploration deadline are off -- both depend on measured time, and
-the harness replays every candidate -- so ``spotlight`` here is stale exploration at a fixed arm.
+The modes: ``vanilla`` random seeds; ``sync`` explores with the current weights before the
+rollout (fresh, on the critical path); ``stale`` explores with the previous iteration's weights
+off it -- these three at equal exploration budget (the same candidates and replay steps), so
+``staleness_cost`` is stale's iterations over fresh's. ``spotlight`` is the product: stale
+exploration with the planner, which picks the candidates and replay steps per iteration to fit
+the exploration window the ``stale`` cluster run measured (``spotlight-xR``: on R times the spot
+capacity). The exploration deadline is off: the harness replays every planned candidate.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import torch
 
 from pipelines.bench import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
-from pipelines.bench.paired import Job, PairedPlan, PairedStore, planned_ratio, run_jobs
+from pipelines.bench.paired import (Job, PairedPlan, PairedStore, planned_ratio, run_jobs,
+                                    session_mode)
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.exploration.planner import exploration_window_s
@@ -43,12 +46,12 @@ from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
-MODES = ("vanilla", "sync", "spotlight", "rlboost")
-DEFAULT_MODES = ("vanilla", "sync", "spotlight")
+MODES = ("vanilla", "sync", "stale", "spotlight", "rlboost")
+DEFAULT_MODES = ("vanilla", "sync", "stale", "spotlight")
 TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
 # The bench's yardstick: a larger fixed validation set (every validation prompt, four fixed seeds
-# each) every five iterations; every candidate explored at the fixed arm (see the docstring).
+# each) every five iterations; the planner only where a mode asks for it (see the docstring).
 # The base pretrains for exactly pretrain.steps (no wall-clock cap), so it is the same base on
 # every machine -- and bench learning's, which shares the cached model.
 BENCH_SETTINGS = {"validation.every": 5, "validation.seeds_per_prompt": 4,
@@ -79,7 +82,7 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None,
     """One mode on the embedded cluster from the base model until ``target`` (validation reward)
     or ``max_iterations``: its validation curve and every iteration's wall time."""
     cfg = config.with_values(CLUSTER_SETTINGS)
-    with Session.from_config(cfg, store=url, mode=mode) as session:
+    with Session.from_config(cfg, store=url, mode=session_mode(mode)) as session:
         reached = None
         for _ in range(max_iterations):
             session.submit_iteration(max_iterations).result()
@@ -126,7 +129,7 @@ def measured_time_model(records: list[dict], window: str) -> list[float] | None:
 
 def seconds_per_iteration(cluster_run: dict) -> float:
     """Critical-path seconds of an iteration: the median over iterations after the first (which
-    warms the workers and, in spotlight mode, has nothing explored yet) that ran no validation
+    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
     (validation measures; every mode pays it alike)."""
     plain = [s for i, (s, v) in enumerate(zip(cluster_run["iteration_s"], cluster_run["validated"]))
              if i > 0 and not v]
@@ -158,11 +161,11 @@ def _check_options(task: str, config: str | None, seeds: int, modes: tuple[str, 
         raise ValueError(f"--seeds {seeds} must be at least 1 (paired run seeds per mode)")
     unknown = [m for m in modes if m not in MODES and planned_ratio(m) is None]
     if unknown or len(set(modes)) != len(modes):
-        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)}, "
-                         "planned or planned-xR (the planner with R times the spot capacity)")
-    if any(planned_ratio(m) for m in modes) and "spotlight" not in modes:
-        raise ValueError(f"--modes {','.join(modes)}: planned modes plan on the time the "
-                         "spotlight mode's cluster run measures; add spotlight")
+        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)} "
+                         "or spotlight-xR (the planner with R times the spot capacity)")
+    if any(planned_ratio(m) for m in modes) and "stale" not in modes:
+        raise ValueError(f"--modes {','.join(modes)}: spotlight modes plan on the time the "
+                         "stale mode's cluster run measures; add stale")
     if iterations is not None and iterations < 1:
         raise ValueError(f"--iterations {iterations} must be at least 1")
 
@@ -234,7 +237,7 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
                seed_list: list[int], checked: list[int], workers: int, goal: float,
                report: Callable[[], dict]) -> None:
     """The checked seeds' cluster runs first, on an otherwise idle machine (they measure time,
-    and the planned modes plan on the spotlight run's), then every harness job in one pool,
+    and the planned modes plan on the stale run's), then every harness job in one pool,
     seed by seed and the dearer modes first: a bench cut off early has its time figures and
     whole seeds, and only the last jobs leave a core idle."""
     timed = [m for m in modes if planned_ratio(m) is None]
@@ -242,13 +245,13 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
         for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):
                 report()
-    name = f"cluster-spotlight-seed{seed_list[0]}"
+    name = f"cluster-stale-seed{seed_list[0]}"
     if len(timed) < len(modes) and "time_model" not in store.loaded.get(name, {"time_model": 0}):
         store.loaded.pop(name)   # saved by a Spotlight that did not measure it: measure again
-        cluster_check(plan, store, "spotlight", seed_list[0], goal)
+        cluster_check(plan, store, "stale", seed_list[0], goal)
     model = store.loaded.get(name, {}).get("time_model")
     if model is None and len(timed) < len(modes):
-        raise RuntimeError("the spotlight cluster run measured no exploration, so the planned "
+        raise RuntimeError("the stale cluster run measured no exploration, so the spotlight "
                            "modes have no time to plan with")
     run_jobs(plan, [Job(m, s, None if m in timed else tuple(model))
                     for s in seed_list for m in longest_first(modes)], store, workers,

@@ -73,7 +73,7 @@ def plot_iterations(ax, result: dict) -> None:
 
 def shown_ratios(result: dict) -> list[tuple[str, dict]]:
     """The headline ratios, then every other exploring mode's speed-up over vanilla in time
-    (the planned modes at their spot capacity)."""
+    (stale at the fixed arm, and the planner at other spot capacities)."""
     shown = [(label, result[key]) for key, label in RATIOS if result.get(key)]
     for mode, ratios in result.get("speedup_by_mode", {}).items():
         if mode not in ("spotlight", "sync") and ratios.get("vs_vanilla"):

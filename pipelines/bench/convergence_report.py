@@ -16,12 +16,12 @@ from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_r
 from spotlight.models.prompts import world_prompts
 from spotlight.rewards.geneval import strict_scores
 
-SPOT_MODES = ("spotlight", "rlboost")   # modes that rent the spot workers
+SPOT_MODES = ("stale", "rlboost")   # fixed-capacity modes that rent the spot workers
 
 
 def hourly_usd(config: RunConfig, mode: str) -> float:
     """What the mode's cluster costs an hour: its gpu workers on demand, and the spot workers
-    where the mode uses them (vanilla and sync need none; planned-xR rents R times as many)."""
+    where the mode uses them (vanilla and sync need none; spotlight-xR rents R times as many)."""
     prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
     ratio = planned_ratio(mode) or (1 if mode in SPOT_MODES else 0)
     spot = config.cluster.spot_workers * ratio
@@ -105,14 +105,14 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
                if not planned_ratio(m)}
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
     for mode in modes:   # a plan fits the window: the gpu workers' time is stale exploration's
-        if planned_ratio(mode) and "spotlight" in s_per_it:
-            s_per_it[mode] = s_per_it["spotlight"]
+        if planned_ratio(mode) and "stale" in s_per_it:
+            s_per_it[mode] = s_per_it["stale"]
     times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
 
     by_mode = speedup_by_mode(modes, times, its)
-    stale = by_mode.get("spotlight", {})
-    spot_jobs = [saved[f"spotlight-seed{s}"] for s in done] if "spotlight" in modes else []
+    product = by_mode.get("spotlight", {})
+    stale_jobs = [saved[f"stale-seed{s}"] for s in done] if "stale" in modes else []
     result.update({
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
         "unreached": {m: figures[m]["unreached"] for m in modes},
@@ -120,12 +120,12 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "time_to_target_s": times,
         "cost_to_target_usd": {m: [t / 3600.0 * hourly_usd(config, m) for t in ts]
                                for m, ts in times.items()},
-        "speedup_vs_vanilla": stale.get("vs_vanilla"),
-        "speedup_vs_sync": stale.get("vs_sync"),
-        "iteration_speedup_vs_vanilla": stale.get("iterations_vs_vanilla"),
-        "staleness_cost": paired_ratio("spotlight", "sync", its),   # stale's its ÷ fresh's
+        "speedup_vs_vanilla": product.get("vs_vanilla"),
+        "speedup_vs_sync": product.get("vs_sync"),
+        "iteration_speedup_vs_vanilla": product.get("iterations_vs_vanilla"),
+        "staleness_cost": paired_ratio("stale", "sync", its),   # stale's its ÷ fresh's
         "speedup_by_mode": by_mode,
-        "kendall_tau": tau_figures(spot_jobs),
+        "kendall_tau": tau_figures(stale_jobs),
         "group_std_gain": group_std_gain(figures),
         "auc": {m: bootstrap_median(figures[m]["auc"]) for m in modes},
         "auc_gain_vs_vanilla": {m: bootstrap_median(np.subtract(figures[m]["auc"],
@@ -169,8 +169,8 @@ def paired_ratio(a: str, b: str, of: dict[str, list]) -> dict | None:
 
 def speedup_by_mode(modes: list[str], times: dict[str, list], its: dict[str, list]) -> dict:
     """Every exploring mode against the baselines, paired over seeds: in time (vanilla's and
-    sync's over the mode's) and in iterations (vanilla's over the mode's). The planned modes,
-    at their spot capacity, are among them."""
+    sync's over the mode's) and in iterations (vanilla's over the mode's): the fixed-arm
+    stale mode and the planned ones at each spot capacity."""
     return {m: {"vs_vanilla": paired_ratio("vanilla", m, times),
                 "vs_sync": paired_ratio("sync", m, times) if m != "sync" else None,
                 "iterations_vs_vanilla": paired_ratio("vanilla", m, its)}

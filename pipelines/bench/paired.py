@@ -29,7 +29,7 @@ from spotlight.staging import file_sha256
 @dataclass(frozen=True)
 class PairedPlan:
     """What every job runs: the config (seed set per job), the iteration budget, the validation
-    cadence, and where the stale-ranking probes go (spotlight jobs only)."""
+    cadence, and where the stale-ranking probes go (stale jobs only)."""
 
     config: RunConfig
     iterations: int
@@ -73,13 +73,20 @@ def by_contents(value):
 
 
 def planned_ratio(mode: str) -> int | None:
-    """The spot:gpu capacity ratio of a planned mode ('planned' = 1, 'planned-x4' = 4): stale
-    exploration with the planner, on that many spot slots per gpu worker's; None otherwise."""
-    if mode == "planned":
+    """The spot:gpu capacity ratio of a planned mode ('spotlight' = 1, 'spotlight-x4' = 4):
+    stale exploration with the planner, on that many spot slots per gpu worker's; None for the
+    others ('stale' is the same exploration at the fixed arm, without the planner)."""
+    if mode == "spotlight":
         return 1
-    if mode.startswith("planned-x") and mode[len("planned-x"):].isdigit():
-        return max(1, int(mode[len("planned-x"):]))
+    if mode.startswith("spotlight-x") and mode[len("spotlight-x"):].isdigit():
+        return max(1, int(mode[len("spotlight-x"):]))
     return None
+
+
+def session_mode(mode: str) -> str:
+    """The pipeline mode a bench mode runs: ``stale`` and the planned modes are Spotlight's
+    stale exploration (the bench's names tell the fixed arm from the planner)."""
+    return "spotlight" if mode == "stale" or planned_ratio(mode) else mode
 
 
 @dataclass(frozen=True)
@@ -95,15 +102,15 @@ class Job:
 
 def run_job(plan: PairedPlan, job: Job) -> dict:
     """One harness run (in a worker process): its validation curve, per-iteration rewards,
-    group std, seed sources and audit τ, and for spotlight the τ-against-staleness probes."""
+    group std, seed sources and audit τ, and for stale the τ-against-staleness probes."""
     from pipelines.run.harness import Harness, TimeModel
 
     started = time.perf_counter()
-    config, mode, model = plan.config.with_values({"seed": job.seed}), job.mode, None
-    ratio = planned_ratio(job.mode)
-    if ratio is not None:   # stale exploration as spotlight, planned on the measured time
+    config, model = plan.config.with_values({"seed": job.seed}), None
+    ratio, mode = planned_ratio(job.mode), session_mode(job.mode)
+    if ratio is not None:   # stale exploration with the planner, on the measured time
         window_s, sec_per_sample_step = job.time_model
-        config, mode = config.with_values({"planner.enabled": True}), "spotlight"
+        config = config.with_values({"planner.enabled": True})
         model = TimeModel(window_s, sec_per_sample_step,
                           ratio * config.cluster.spot_workers * config.cluster.threads_per_worker)
     harness = Harness(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
@@ -120,7 +127,7 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
     try:
         run = harness.run_iterations(plan.iterations, plan.every, report, plan.done)
         lag_taus = {}
-        if job.mode == "spotlight":   # the stale mode's rankings, probed against older weights
+        if job.mode == "stale":   # the stale rankings at the fixed arm, probed against older weights
             lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
                             k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
                         for k in plan.lag_points if k <= len(run.iterations)}

@@ -283,8 +283,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="convergence: continue a cut-off bench from the runs saved beside "
                         "--json (PATH.parts/)")
     p.add_argument("--modes", default=None, metavar="M1,M2",
-                   help="convergence: the modes to run, of vanilla,sync,spotlight,rlboost (default: "
-                        "vanilla,sync,spotlight)")
+                   help="convergence: the modes to run, of vanilla,sync,stale,spotlight,rlboost "
+                        "and spotlight-xR (the planner on R times the spot capacity; default: "
+                        "vanilla,sync,stale,spotlight)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="convergence: override a config value for every mode (repeatable)")
     p.add_argument("--rounds", type=int, default=None, metavar="R",

@@ -54,20 +54,20 @@ def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, capsys):
 
 def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path, capfd):
     """Three modes, paired seeds in the harness (2 iterations each), the first seed's cluster
-    check, and the planner planning on the time that check measured: the contract keys, the
+    checks, and spotlight's planner planning on the time the stale check measured: the contract keys, the
     plot, the cluster computing the harness's curve; a second
     call without --resume refuses to overwrite, with --resume it adds a seed and reruns
     nothing it had."""
     out_json = tmp_path / "conv.json"
     args = ["bench", "convergence", "--quick", "--config", str(tiny_yaml), "--target", "2.0",
-            "--modes", "vanilla,spotlight,planned", "--set", "grpo.lr=0.0001",
+            "--modes", "vanilla,stale,spotlight", "--set", "grpo.lr=0.0001",
             "--json", str(out_json)]
     assert main(args + ["--seeds", "1"]) == 0
     first = json.loads(out_json.read_text())
     parts = Path(first["parts"])
     saved = {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")}
-    assert set(saved) == {"vanilla-seed0.json", "spotlight-seed0.json", "planned-seed0.json",
-                          "cluster-vanilla-seed0.json", "cluster-spotlight-seed0.json"}
+    assert set(saved) == {"vanilla-seed0.json", "stale-seed0.json", "spotlight-seed0.json",
+                          "cluster-vanilla-seed0.json", "cluster-stale-seed0.json"}
     capfd.readouterr()
     assert main(args + ["--seeds", "2"]) == 2   # without --resume: refuses, keeps what it has
     assert "--resume" in capfd.readouterr().err
@@ -77,11 +77,11 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")
             if p.name in saved} == saved   # seed 0 not rerun
     assert result["seeds"] == 2 and result["seed_list"] == [0, 1]
-    modes = ("vanilla", "spotlight", "planned")
+    modes = ("vanilla", "stale", "spotlight")
     assert result["modes"] == list(modes) and result["target"] == 2.0
-    # The planner planned iteration 1 on the time the spotlight cluster run measured.
-    assert result["planner_choices"]["planned"][0][0] == 1
-    assert result["seconds_per_iteration"]["planned"] == result["seconds_per_iteration"]["spotlight"]
+    # The planner planned iteration 1 on the time the stale cluster run measured.
+    assert result["planner_choices"]["spotlight"][0][0] == 1
+    assert result["seconds_per_iteration"]["spotlight"] == result["seconds_per_iteration"]["stale"]
     for key in ("speedup_vs_vanilla", "iteration_speedup_vs_vanilla"):
         assert set(result[key]) == {"median", "ci90", "per_seed"}, key
     assert result["speedup_vs_sync"] is None and result["staleness_cost"] is None   # no sync
@@ -91,13 +91,13 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
         assert len(result["cost_to_target_usd"][mode]) == 2
         assert [[i for i, _ in c] for c in result["val_curves"][mode]] == [[0, 1, 2]] * 2
         assert result["seconds_per_iteration"][mode] > 0
-    for mode in ("vanilla", "spotlight"):
+    for mode in ("vanilla", "stale"):
         assert result["cluster_check"][mode]["curve_matches_harness"] is True
     assert result["iteration_speedup_vs_vanilla"]["per_seed"] == [1.0, 1.0]
     assert result["kendall_tau"]["audits"] <= 2   # iteration 1 of each seed had stale candidates
     assert (tmp_path / "conv.png").stat().st_size > 0
     assert result["overrides"] == {"grpo.lr": 1e-4}
-    assert "spotlight seed 1 iter   1" in capfd.readouterr().out
+    assert "stale     seed 1 iter   1" in capfd.readouterr().out
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):

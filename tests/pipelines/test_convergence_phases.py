@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 import pipelines.bench.convergence as convergence
 from pipelines.bench.convergence import longest_first, run_phases
 
 
 def test_dearer_modes_start_first_and_keep_their_order_otherwise():
-    assert longest_first(("vanilla", "sync", "spotlight")) == ["spotlight", "sync", "vanilla"]
-    assert longest_first(("vanilla", "planned", "spotlight", "rlboost")) == \
-        ["planned", "spotlight", "vanilla", "rlboost"]
+    assert longest_first(("vanilla", "sync", "stale")) == ["stale", "sync", "vanilla"]
+    assert longest_first(("vanilla", "spotlight", "stale", "rlboost")) == \
+        ["spotlight", "stale", "vanilla", "rlboost"]
 
 
 def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(monkeypatch):
@@ -20,8 +22,19 @@ def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(mo
                         calls.append(("jobs", [j.name for j in jobs])))
     monkeypatch.setattr(convergence, "cluster_check", lambda plan, store, mode, seed, goal:
                         calls.append(("cluster", f"{mode}-seed{seed}")))
-    run_phases(None, SimpleNamespace(loaded={}), ("vanilla", "sync", "spotlight"), [0, 1, 2], [0],
-               2, 0.3, lambda: {})
+    # The planned mode is not timed on the cluster: it plans on the stale run's measured time.
+    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01]}})
+    run_phases(None, store, ("vanilla", "sync", "stale", "spotlight"), [0, 1, 2], [0], 2, 0.3,
+               lambda: {})
     assert calls == [
-        ("cluster", "vanilla-seed0"), ("cluster", "sync-seed0"), ("cluster", "spotlight-seed0"),
-        ("jobs", [f"{m}-seed{s}" for s in range(3) for m in ("spotlight", "sync", "vanilla")])]
+        ("cluster", "vanilla-seed0"), ("cluster", "sync-seed0"), ("cluster", "stale-seed0"),
+        ("jobs", [f"{m}-seed{s}" for s in range(3)
+                  for m in ("stale", "spotlight", "sync", "vanilla")])]
+
+
+def test_the_planned_modes_need_the_stale_runs_measured_time(monkeypatch):
+    monkeypatch.setattr(convergence, "run_jobs", lambda *a, **k: None)
+    monkeypatch.setattr(convergence, "cluster_check", lambda *a: None)
+    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": None}})
+    with pytest.raises(RuntimeError, match="stale cluster run measured no exploration"):
+        run_phases(None, store, ("stale", "spotlight"), [0], [0], 2, 0.3, lambda: {})

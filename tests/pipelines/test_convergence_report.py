@@ -33,25 +33,29 @@ def cluster(seconds, curve=(), reached=None, wall=None):
 
 def saved_jobs():
     return {
-        # seed 0: vanilla reaches 0.30 at 10, sync at 4, spotlight at 5 (interpolated).
+        # seed 0: vanilla reaches 0.30 at 10, sync at 4, stale at 5, spotlight at 2.5
+        # (interpolated).
         "vanilla-seed0": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.2),
         "sync-seed0": job([[0, 0.2], [5, 0.325], [10, 0.35]], group_std=0.3),
-        "spotlight-seed0": job([[0, 0.2], [5, 0.3], [10, 0.35]], group_std=0.25,
-                               audits=[None, 0.8, 0.6],
-                               lag_taus={"10": {"1": 0.9, "2": 0.7, "4": None}}),
-        # seed 1: vanilla never (counted at budget + every = 15), sync 5, spotlight 10.
+        "stale-seed0": job([[0, 0.2], [5, 0.3], [10, 0.35]], group_std=0.25,
+                           audits=[None, 0.8, 0.6],
+                           lag_taus={"10": {"1": 0.9, "2": 0.7, "4": None}}),
+        "spotlight-seed0": job([[0, 0.2], [5, 0.4], [10, 0.4]], group_std=0.3,
+                               audits=[None, 0.1]),
+        # seed 1: vanilla never (counted at budget + every = 15), sync 5, stale 10, spotlight 5.
         "vanilla-seed1": job([[0, 0.2], [5, 0.22], [10, 0.24]], group_std=0.2),
         "sync-seed1": job([[0, 0.2], [5, 0.3], [10, 0.3]], group_std=0.3),
-        "spotlight-seed1": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.25,
-                               audits=[None, 1.0]),
+        "stale-seed1": job([[0, 0.2], [5, 0.25], [10, 0.3]], group_std=0.25,
+                           audits=[None, 1.0]),
+        "spotlight-seed1": job([[0, 0.2], [5, 0.3], [10, 0.35]], group_std=0.3),
         "cluster-vanilla-seed0": cluster(10.0),
         # The cluster saw sync's target at its validation at 5 (harness crossing: 4), 110 s in.
         "cluster-sync-seed0": cluster(20.0, [[0, 0.2], [5, 0.325]], reached=5, wall=110.0),
-        "cluster-spotlight-seed0": cluster(11.0),
+        "cluster-stale-seed0": cluster(11.0),
     }
 
 
-FACTS = {"modes": ["vanilla", "sync", "spotlight"], "target": TARGET, "iterations": 10,
+FACTS = {"modes": ["vanilla", "sync", "stale", "spotlight"], "target": TARGET, "iterations": 10,
          "validation_every": 5, "task": "ocr"}
 
 
@@ -59,20 +63,26 @@ def test_summary_figures_by_hand(tmp_path):
     result = summarize(saved_jobs(), FACTS, [0, 1], CONFIG, tmp_path / "c.png")
     assert result["seeds"] == 2
     its = result["iterations_to_target"]
-    assert its["vanilla"] == [10.0, None] and its["spotlight"] == [5.0, 10.0]
-    assert its["sync"] == pytest.approx([4.0, 5.0])
+    assert its["vanilla"] == [10.0, None] and its["stale"] == [5.0, 10.0]
+    assert its["sync"] == pytest.approx([4.0, 5.0]) and its["spotlight"] == pytest.approx([2.5, 5.0])
     assert result["unreached"]["vanilla"] == 1
-    assert result["seconds_per_iteration"] == {"vanilla": 10.0, "sync": 20.0, "spotlight": 11.0}
+    # The planner's plans fit the window the stale cluster run measured: its seconds.
+    assert result["seconds_per_iteration"] == {"vanilla": 10.0, "sync": 20.0, "stale": 11.0,
+                                               "spotlight": 11.0}
     assert result["time_to_target_s"]["vanilla"] == [100.0, 150.0]
-    assert result["time_to_target_s"]["spotlight"] == [55.0, 110.0]
-    assert result["speedup_vs_vanilla"]["per_seed"] == pytest.approx([100 / 55, 150 / 110])
-    assert result["speedup_vs_sync"]["per_seed"] == pytest.approx([80 / 55, 100 / 110])
-    assert result["staleness_cost"]["per_seed"] == pytest.approx([5 / 4, 10 / 5])
-    assert result["iteration_speedup_vs_vanilla"]["per_seed"] == pytest.approx([2.0, 1.5])
+    assert result["time_to_target_s"]["spotlight"] == pytest.approx([27.5, 55.0])
+    # The headline is the product (stale exploration with the planner) ...
+    assert result["speedup_vs_vanilla"]["per_seed"] == pytest.approx([100 / 27.5, 150 / 55])
+    assert result["speedup_vs_sync"]["per_seed"] == pytest.approx([80 / 27.5, 100 / 55])
+    assert result["iteration_speedup_vs_vanilla"]["per_seed"] == pytest.approx([4.0, 3.0])
     lo, hi = result["speedup_vs_vanilla"]["ci90"]
-    assert min(100 / 55, 150 / 110) <= lo <= hi <= max(100 / 55, 150 / 110)
+    assert 150 / 55 - 1e-9 <= lo <= hi <= 100 / 27.5 + 1e-9   # within the seeds' ratios
+    # ... the staleness cost is stale against fresh at the same fixed arm.
+    assert result["staleness_cost"]["per_seed"] == pytest.approx([5 / 4, 10 / 5])
+    assert result["speedup_by_mode"]["stale"]["vs_vanilla"]["per_seed"] == \
+        pytest.approx([100 / 55, 150 / 110])
     assert result["group_std_gain"] == pytest.approx({"vanilla": 1.0, "sync": 1.5,
-                                                      "spotlight": 1.25})
+                                                      "stale": 1.25, "spotlight": 1.5})
     check = result["cluster_check"]["sync"]
     assert check["curve_matches_harness"] and check["estimate_s"] == 5 * 20.0
     assert check["relative_error"] == pytest.approx((100.0 - 110.0) / 110.0)
@@ -92,9 +102,9 @@ def test_summary_figures_by_hand(tmp_path):
     assert "4" not in tau["by_staleness"]          # θ_10-4 was not probed (None)
     # Dollars: hours x the cluster's hourly price; vanilla rents no spot worker.
     gpu_only, with_spot = hourly_usd(CONFIG, "vanilla"), hourly_usd(CONFIG, "spotlight")
-    assert with_spot > gpu_only > 0
+    assert with_spot > gpu_only > 0 and hourly_usd(CONFIG, "stale") == with_spot
     assert result["cost_to_target_usd"]["vanilla"][0] == pytest.approx(100 / 3600 * gpu_only)
-    assert result["cost_to_target_usd"]["spotlight"][0] == pytest.approx(55 / 3600 * with_spot)
+    assert result["cost_to_target_usd"]["spotlight"][0] == pytest.approx(27.5 / 3600 * with_spot)
     # Area under the curve: seed 0's vanilla (0.2, 0.25, 0.3 at 0, 5, 10) -> mean 0.25.
     assert result["auc"]["vanilla"]["per_seed"][0] == pytest.approx(0.25)
     assert result["value_at_budget"]["sync"] == [0.35, 0.3]
@@ -108,10 +118,11 @@ def test_geneval_reports_the_strict_score_per_tag(tmp_path):
     for seed in (0, 1):
         jobs[f"vanilla-seed{seed}"]["budget_val_rewards"] = [[0.5] * 4] * prompts
         jobs[f"sync-seed{seed}"]["budget_val_rewards"] = [[1.0, 1.0, 0.5, 0.5]] * prompts
+        jobs[f"stale-seed{seed}"]["budget_val_rewards"] = [[1.0] * 4] * prompts
         jobs[f"spotlight-seed{seed}"]["budget_val_rewards"] = [[1.0] * 4] * prompts
     strict = summarize(jobs, FACTS, [0, 1], config, tmp_path / "c.png")["strict_at_budget"]
     assert {m: s["strict"] for m, s in strict.items()} == {"vanilla": 0.0, "sync": 0.5,
-                                                           "spotlight": 1.0}
+                                                           "stale": 1.0, "spotlight": 1.0}
     assert set(strict["sync"]["strict_by_tag"]) >= {"counting", "color_attr"}
     assert set(strict["sync"]["strict_by_tag"].values()) == {0.5}
     assert strict["vanilla"]["partial_mean"] == 0.5
@@ -154,7 +165,7 @@ def test_the_cluster_check_compares_the_validations_both_ran():
     assert not same_validations(harness, [[0, 0.24], [7, 0.225]])   # nothing to compare
 
 
-def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
+def test_planned_modes_plan_on_the_stale_runs_measured_time(tmp_path):
     records = []
     for k in (0, 1):   # rollout 0-4 s, train 4-10 s (k = 1: 100 s later); two explore tasks
         t = 100.0 * k
@@ -166,22 +177,24 @@ def test_planned_modes_plan_on_the_spotlight_runs_measured_time(tmp_path):
     assert window == pytest.approx(10.5) and per_step == pytest.approx(4.0 / 80)
     assert measured_time_model(records, "train")[0] == pytest.approx(6.5)
     assert measured_time_model([r for r in records if r["stage"] != "explore"], "train") is None
-    assert [planned_ratio(m) for m in ("planned", "planned-x4", "spotlight", "planned-xx")] == \
-        [1, 4, None, None]
+    assert [planned_ratio(m) for m in ("spotlight", "spotlight-x4", "stale", "spotlight-xx")] \
+        == [1, 4, None, None]
     jobs = saved_jobs()
     for seed in (0, 1):
-        jobs[f"planned-x4-seed{seed}"] = dict(jobs[f"spotlight-seed{seed}"])
-    jobs["planned-x4-seed0"]["iterations"] = [dict(it, plan=[24, 7, 32]) for it in
-                                              jobs["planned-x4-seed0"]["iterations"]]
-    facts = dict(FACTS, modes=FACTS["modes"] + ["planned-x4"])
+        jobs[f"spotlight-x4-seed{seed}"] = dict(jobs[f"spotlight-seed{seed}"])
+    jobs["spotlight-x4-seed0"]["iterations"] = [dict(it, plan=[24, 7, 32]) for it in
+                                                jobs["spotlight-x4-seed0"]["iterations"]]
+    facts = dict(FACTS, modes=FACTS["modes"] + ["spotlight-x4"])
     result = summarize(jobs, facts, [0, 1], CONFIG, tmp_path / "c.png")
-    assert result["seconds_per_iteration"]["planned-x4"] == 11.0   # spotlight's
-    assert hourly_usd(CONFIG, "planned-x4") > hourly_usd(CONFIG, "spotlight")
-    assert result["planner_choices"]["planned-x4"][0] == [1, 24, 7, 32]
-    assert "planned-x4" not in result["cluster_check"]
-    # Same iterations as spotlight at spotlight's seconds: the same ratios, drawn beside it.
-    assert result["speedup_by_mode"]["planned-x4"] == result["speedup_by_mode"]["spotlight"]
-    assert [label for label, _ in shown_ratios(result)][-1] == "time: vanilla / planned-x4"
+    assert result["seconds_per_iteration"]["spotlight-x4"] == 11.0   # stale's
+    assert hourly_usd(CONFIG, "spotlight-x4") > hourly_usd(CONFIG, "spotlight")
+    assert result["planner_choices"]["spotlight-x4"][0] == [1, 24, 7, 32]
+    assert {"spotlight", "spotlight-x4"}.isdisjoint(result["cluster_check"])
+    # Same iterations as spotlight at the same seconds: the same ratios, drawn beside it, as
+    # is the fixed-arm stale mode's.
+    assert result["speedup_by_mode"]["spotlight-x4"] == result["speedup_by_mode"]["spotlight"]
+    assert [label for label, _ in shown_ratios(result)][-2:] == [
+        "time: vanilla / stale", "time: vanilla / spotlight-x4"]
 
 
 def test_a_job_stops_once_it_has_run_the_budget_and_reached_the_target():
