@@ -26,6 +26,12 @@ from spotlight.evidence import crossing
 from spotlight.staging import file_sha256
 
 
+# What a saved job's mode names mean: 2 = 'spotlight' is stale exploration with the planner and
+# 'stale' the fixed arm (in 1, 'spotlight' was the fixed arm and 'planned' the planner). Part of
+# the fingerprint, so a part saved under other names is refused rather than misread.
+MODE_NAMES = 2
+
+
 @dataclass(frozen=True)
 class PairedPlan:
     """What every job runs: the config (seed set per job), the iteration budget, the validation
@@ -52,7 +58,7 @@ class PairedPlan:
         return config_hash(config, self.iterations,
                            self.every, self.base_val_reward, list(self.lag_points),
                            list(self.lags), self.lag_prompts, self.lag_candidates,
-                           self.target, self.budget)
+                           self.target, self.budget, MODE_NAMES)
 
     def done(self, run) -> bool:
         """Whether a harness run has what the bench reads from it (see ``target``)."""
@@ -161,8 +167,9 @@ class PairedStore:
             data = json.loads(path.read_text())
             if data.get("fingerprint") != store.fingerprint:
                 raise ValueError(f"{path} was measured with other settings (config, iterations "
-                                 "or validation) than this bench's: resume with the same "
-                                 "command, or move the folder away to start over")
+                                 "or validation) than this bench's, or saved by a Spotlight "
+                                 "whose mode names differ: resume with the same command, or "
+                                 "move the folder away to start over")
             store.loaded[path.stem] = data["result"]
         return store
 

@@ -152,6 +152,19 @@ def test_the_job_store_resumes_only_its_own_bench(tmp_path):
     assert json.loads((tmp_path / "vanilla-seed0.json").read_text())["result"] == {"x": 1}
 
 
+def test_parts_saved_under_the_old_mode_names_are_refused_not_misread(tmp_path, monkeypatch):
+    """Before the rename a 'spotlight' part was the fixed-arm stale mode: read today it would
+    pass for the planner's run."""
+    import pipelines.bench.paired as paired
+
+    plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.2)
+    monkeypatch.setattr(paired, "MODE_NAMES", 1)
+    PairedStore.open(tmp_path, plan, resume=False).save("spotlight-seed0", {"x": 1})
+    monkeypatch.setattr(paired, "MODE_NAMES", 2)
+    with pytest.raises(ValueError, match="mode names differ"):
+        PairedStore.open(tmp_path, plan, resume=True)
+
+
 def test_seconds_per_iteration_leave_out_the_warm_up_and_validations():
     assert seconds_per_iteration(cluster(12.0)) == 12.0
     assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
