@@ -190,6 +190,7 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     if not todo:
         return
     context = multiprocessing.get_context("spawn")   # no forked torch or thread state
+    started = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
         pending = {pool.submit(run_job, plan, job): job for job in todo}
         while pending:
@@ -199,6 +200,15 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
                 result = future.result()
                 store.save(job.name, result)
                 done_jobs = sum(j.name in store.loaded for j in jobs)
+                left = time_left_s(time.monotonic() - started, len(todo) - len(pending),
+                                   len(pending))
                 print(f"{job.name} done in {result['wall_s']:.0f} s "
-                      f"({done_jobs}/{len(jobs)} jobs)", flush=True)
+                      f"({done_jobs}/{len(jobs)} jobs, about {left / 60:.0f} min left)",
+                      flush=True)
                 on_done()
+
+
+def time_left_s(elapsed_s: float, finished: int, remaining: int) -> float:
+    """The rest at this sitting's pace: jobs run side by side, so the wall time per finished
+    job already counts the parallelism (jobs differ in length: an estimate, not a promise)."""
+    return elapsed_s / finished * remaining if finished else float("nan")

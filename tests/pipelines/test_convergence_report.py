@@ -10,7 +10,7 @@ from pipelines.bench.convergence import (measured_time_model,
                                          seconds_per_iteration)
 from pipelines.bench.convergence_plot import shown_ratios
 from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
-from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio
+from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio, time_left_s
 from pipelines.run.harness import HarnessIteration, HarnessRun
 from spotlight.config import load_config, shipped_config
 
@@ -236,3 +236,8 @@ def test_a_bench_resumes_from_another_checkout(tmp_path):
     assert plans[0].fingerprint() == plans[1].fingerprint()
     (tmp_path / "b" / "val.txt").write_text("val.txt\n13\n")
     assert plans[0].fingerprint() != plans[1].fingerprint()
+
+
+def test_the_time_left_follows_the_pace_of_this_sitting():
+    assert time_left_s(600.0, 4, 6) == 900.0   # 150 s of wall time per job finished
+    assert time_left_s(0.0, 0, 6) != time_left_s(0.0, 0, 6)   # nothing finished yet: unknown
