@@ -36,8 +36,8 @@ import torch
 
 from pipelines.bench import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
-from pipelines.bench.paired import (Job, PairedPlan, PairedStore, planned_ratio, run_jobs,
-                                    session_mode)
+from pipelines.bench.paired import (Job, PairedPlan, PairedStore, cluster_part, planned_ratio,
+                                    run_jobs, session_mode)
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.exploration.planner import exploration_window_s
@@ -143,7 +143,7 @@ def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
     because what it measures -- seconds per iteration, and the wall time of iterations against
     that -- needs a few plain iterations, not a far crossing: past the budget the check
     compares the wall time of the budget's iterations instead of the time to target."""
-    name = f"cluster-{mode}-seed{seed}"
+    name = cluster_part(mode, seed)
     if name in store.loaded:
         return False
     url = store.folder / "runs" / name
@@ -245,7 +245,7 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
         for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):
                 report()
-    name = f"cluster-stale-seed{seed_list[0]}"
+    name = cluster_part("stale", seed_list[0])
     if len(timed) < len(modes) and "time_model" not in store.loaded.get(name, {"time_model": 0}):
         store.loaded.pop(name)   # saved by a Spotlight that did not measure it: measure again
         cluster_check(plan, store, "stale", seed_list[0], goal)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.bench import machine
-from pipelines.bench.paired import planned_ratio
+from pipelines.bench.paired import cluster_part, planned_ratio
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_ratios, quantiles,
@@ -101,7 +101,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         return result
     figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"],
                        facts.get("budget") or iterations)
-    cluster = {m: saved.get(f"cluster-{m}-seed{seeds[0]}") for m in modes
+    cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in modes
                if not planned_ratio(m)}
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
     for mode in modes:   # a plan fits the window: the gpu workers' time is stale exploration's

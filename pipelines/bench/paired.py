@@ -106,6 +106,11 @@ class Job:
         return f"{self.mode}-seed{self.seed}"
 
 
+def cluster_part(mode: str, seed: int) -> str:
+    """The saved name of ``mode``'s cluster run on ``seed`` (beside the harness jobs')."""
+    return f"cluster-{mode}-seed{seed}"
+
+
 def run_job(plan: PairedPlan, job: Job) -> dict:
     """One harness run (in a worker process): its validation curve, per-iteration rewards,
     group std, seed sources and audit τ, and for stale the τ-against-staleness probes."""
@@ -133,7 +138,7 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
     try:
         run = harness.run_iterations(plan.iterations, plan.every, report, plan.done)
         lag_taus = {}
-        if job.mode == "stale":   # the stale rankings at the fixed arm, probed against older weights
+        if job.mode == "stale":   # the fixed arm's stale rankings, probed against older weights
             lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
                             k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
                         for k in plan.lag_points if k <= len(run.iterations)}
