@@ -76,7 +76,11 @@ def test_a_request_that_raises_is_an_error_not_a_preemption(spot_cluster):
 
 def test_closing_early_cancels_what_still_waits_and_keeps_what_finished(spot_cluster):
     pool = RequestPool(spot_cluster, _specs(square, 8, 0.5), PreemptionConfig())
-    time.sleep(0.8)   # the first two are done or nearly so; six wait
+    # Close once the first request has finished (a fixed sleep raced a busy machine's pulls):
+    # each takes 0.5 s and the two spot workers run one each, so most still wait.
+    deadline = time.monotonic() + 60
+    while not pool.summary()["finished"] and time.monotonic() < deadline:
+        time.sleep(0.02)
     results = pool.close()
     summary = pool.summary()
     assert 0 < len(results) < 8 and summary["cancelled"] >= 8 - len(results) - 2
