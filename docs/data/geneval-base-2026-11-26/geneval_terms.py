@@ -1,4 +1,7 @@
-"""Per-tag, per-term breakdown of the GenEval base (and of world-rendered canvases = ceiling)."""
+"""Per-tag, per-term breakdown of the GenEval base (and of world-rendered canvases = ceiling).
+
+Run from the project root: python geneval_terms.py [KEY=VALUE ...] (config overrides).
+"""
 import sys, numpy as np, torch
 from collections import defaultdict
 from spotlight.config import load_config, shipped_config
@@ -36,16 +39,15 @@ def breakdown(images, flat, label):
 rng = np.random.default_rng(0)
 flat = [p for p in prompts for _ in range(4)]
 truth = np.stack([render(p, cfg.world.canvas_height, cfg.world.canvas_width, rng, cfg.world.glyphs_per_class) for p in flat])
-pass
 breakdown(truth.astype(np.float32), flat, "world-rendered (ceiling)")
 res = validate(base_policy(cfg, progress=False), prompts, reward, check_rewards, cfg)
 breakdown(res.images, [p for p in res.prompts for _ in range(4)], f"base val={res.mean_reward:.3f}")
-if "--png" in sys.argv[0:1] or True:
-    import PIL.Image as I
-    def grid(imgs, n=32):
-        imgs = np.clip(imgs[:n], 0, 1)
-        rows = [np.concatenate(list(imgs[i:i+8].transpose(0, 2, 3, 1)), axis=1) for i in range(0, n, 8)]
-        return (np.concatenate(rows, axis=0) * 255).astype(np.uint8)
-    g = np.concatenate([grid(truth[::4]), grid(res.images[::4])], axis=0)
-    I.fromarray(g).resize((g.shape[1]*4, g.shape[0]*4), I.NEAREST).save("/tmp/geneval_base.png")
-    print([p.text for p in prompts[:32]])
+# The picture: the world's canvases (top) over the base's samples (bottom), one seed per prompt.
+import PIL.Image as I
+def grid(imgs, n=32):
+    imgs = np.clip(imgs[:n], 0, 1)
+    rows = [np.concatenate(list(imgs[i:i+8].transpose(0, 2, 3, 1)), axis=1) for i in range(0, n, 8)]
+    return (np.concatenate(rows, axis=0) * 255).astype(np.uint8)
+g = np.concatenate([grid(truth[::4]), grid(res.images[::4])], axis=0)
+I.fromarray(g).resize((g.shape[1]*4, g.shape[0]*4), I.NEAREST).save("geneval_base.png")
+print([p.text for p in prompts[:32]])
