@@ -50,6 +50,10 @@ MODES = ("vanilla", "sync", "stale", "spotlight", "rlboost")
 DEFAULT_MODES = ("vanilla", "sync", "stale", "spotlight")
 TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
+# The default target: the base's validation reward plus this. GenEval's world gains more early
+# (every mode had passed base + 0.02 at its first validation, iteration 5: a crossing that
+# separates nothing), so its target sits higher (docs/results.md 2026-11-26).
+TASK_TARGET_GAIN = {"ocr": 0.02, "geneval": 0.05}
 # The bench's yardstick: a larger fixed validation set (every validation prompt, four fixed seeds
 # each) every five iterations; the planner only where a mode asks for it (see the docstring).
 # The base pretrains for exactly pretrain.steps (no wall-clock cap), so it is the same base on
@@ -180,7 +184,7 @@ def _check_budget(budget: int, iterations: int, every: int) -> None:
 @register_bench("convergence")
 def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None = None,
                       json_path: str | None = None, target: float | None = None,
-                      target_gain: float = 0.02, seeds: int | None = None,
+                      target_gain: float | None = None, seeds: int | None = None,
                       overrides: dict | None = None, modes: list[str] | None = None,
                       iterations: int | None = None, workers: int | None = None,
                       resume: bool = False, cluster_seeds: int = 1, budget: int | None = None,
@@ -197,6 +201,8 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     _check_budget(budget, iterations, cfg.validation.every)
     started = time.monotonic()
     base = base_validation(cfg)   # builds (digits: pretrains, cached) the base first
+    if target_gain is None:
+        target_gain = TASK_TARGET_GAIN.get(cfg.world.task, 0.02)
     goal = target if target is not None else base + target_gain
     print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
     every = cfg.validation.every

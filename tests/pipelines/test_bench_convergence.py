@@ -35,3 +35,21 @@ def test_set_and_modes_are_refused_for_other_benchmarks(capsys):
         in capsys.readouterr().err
     assert main(["bench", "overhead", "--modes", "sync"]) == 2
     assert "--modes applies to 'bench convergence' only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task,target,goal", [("ocr", None, 0.32), ("geneval", None, 0.35),
+                                              ("geneval", 0.4, 0.4)])
+def test_the_default_target_is_the_base_plus_the_tasks_gain(monkeypatch, task, target, goal):
+    import pipelines.bench.convergence as convergence
+
+    class Planned(Exception):
+        pass
+
+    def stop(folder, plan, resume):
+        raise Planned(plan.target)
+
+    monkeypatch.setattr(convergence, "base_validation", lambda config: 0.3)
+    monkeypatch.setattr(convergence.PairedStore, "open", staticmethod(stop))
+    with pytest.raises(Planned) as planned:
+        bench_convergence(task=task, target=target)
+    assert planned.value.args[0] == pytest.approx(goal)
