@@ -107,25 +107,24 @@ def register_policy(name: str, *, prompt_store: bool = False
     return add
 
 
-def register_base(name: str) -> Callable[[BaseBuilder], BaseBuilder]:
-    """Decorator: ``base_policy`` calls the builder for ``model.policy`` = ``name`` (without
-    one, the base is the policy as ``build_policy`` makes it)."""
+def _registrar(table: dict[str, Callable]) -> Callable[[str], Callable]:
+    """A decorator factory: ``@register(name)`` files the decorated function under the policy
+    ``name`` in ``table`` (a policy without an entry gets the default the table's reader names)."""
 
-    def add(builder: BaseBuilder) -> BaseBuilder:
-        BASES[name] = builder
-        return builder
+    def register(name: str) -> Callable:
+        def add(function: Callable) -> Callable:
+            table[name] = function
+            return function
 
-    return add
+        return add
+
+    return register
 
 
-def register_decoder(name: str) -> Callable:
-    """Decorator: ``latent_decoder`` calls it for ``model.policy`` = ``name``."""
-
-    def add(builder: Callable[[Any], Callable[[np.ndarray], np.ndarray]]) -> Callable:
-        DECODERS[name] = builder
-        return builder
-
-    return add
+register_base = _registrar(BASES)         # base_policy's (default: build_policy's weights)
+register_decoder = _registrar(DECODERS)   # latent_decoder's (default: the audit shows no image)
+register_check = _registrar(CHECKS)       # check_policy's (default: nothing to check)
+register_sizing = _registrar(SIZERS)      # model_size's (default: none; --dry-run refuses)
 
 
 def latent_decoder(config: Any) -> Callable[[np.ndarray], np.ndarray] | None:
@@ -135,16 +134,6 @@ def latent_decoder(config: Any) -> Callable[[np.ndarray], np.ndarray] | None:
     return builder(config) if builder is not None else None
 
 
-def register_check(name: str) -> Callable:
-    """Decorator: ``check_policy`` calls it for ``model.policy`` = ``name``."""
-
-    def add(check: Callable[[Any], None]) -> Callable[[Any], None]:
-        CHECKS[name] = check
-        return check
-
-    return add
-
-
 def check_policy(config: Any) -> None:
     """Everything about ``config``'s model that can fail, checked before a cluster starts or a
     run store is created (weights folder, dtype, resolution, adapter targets)."""
@@ -152,16 +141,6 @@ def check_policy(config: Any) -> None:
     check = CHECKS.get(config.model.policy)
     if check is not None:
         check(config)
-
-
-def register_sizing(name: str) -> Callable:
-    """Decorator: ``model_size`` calls it for ``model.policy`` = ``name``."""
-
-    def add(sizer: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        SIZERS[name] = sizer
-        return sizer
-
-    return add
 
 
 def model_size(config: Any) -> Any:
