@@ -24,7 +24,7 @@ from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
 from spotlight.exploration import Selection, select_seeds
-from spotlight.exploration.selection import random_group_std
+from spotlight.exploration.selection import random_group_std, seed_source
 from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,
                                             audit_picks, grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_window_s
@@ -257,14 +257,14 @@ class Exploration:
         if record is not None:
             return Selection.from_record(record.selection or run.store.get_json(
                 tasks.stage_name(iteration, "selection"), "selection"))
-        fallback = run.mode == "spotlight" and not self.trusting
-        if run.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
-            return self._explore_now(iteration)
         stale = self.stale_candidates(iteration) if run.mode == "spotlight" else None
-        if stale is not None and not fallback:   # explored, not yet selected (a resumed driver)
+        source = seed_source(run.mode, self.trusting, cfg.fidelity.fallback, stale is not None)
+        if source == "sync":
+            return self._explore_now(iteration)
+        if source == "explore":   # explored, not yet selected (a resumed driver)
             return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
-        group = cfg.grpo.group_size
-        if fallback and stale is not None:   # random fallback: the first G candidates are random
+        if source == "fallback-random":
+            group = cfg.grpo.group_size
             per_prompt = [(s[:group], r[:group]) for s, r in zip(stale["seeds"], stale["rewards"])]
             return self._select(iteration, per_prompt, "fallback-random")
         selection = random_selection(cfg, iteration, cfg.grpo.prompts_per_iteration)

@@ -29,7 +29,7 @@ from pipelines.run.exploration import explore_requests, random_selection
 from pipelines.run.rollout import rollout_task
 from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import Selection, select_seeds
-from spotlight.exploration.selection import random_group_std
+from spotlight.exploration.selection import random_group_std, seed_source
 from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due, audit_picks,
                                             grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, plan_cost
@@ -200,16 +200,17 @@ class Harness:
         """As :meth:`Exploration.seeds_for`: sync explores now; spotlight selects among the
         candidates θ_k-1 scored, or falls back when the audit stopped trusting them."""
         cfg, group = self.config, self.config.grpo.group_size
-        fallback = self.mode == "spotlight" and self.monitor.state == "fallback"
-        if self.mode == "sync" or (fallback and cfg.fidelity.fallback == "sync"):
-            return self.select(k, self.explore(k, k, cfg.exploration.candidates, "explore-sync")
-                               ), "sync"
         stale = self.stale.get(k) if self.mode == "spotlight" else None
-        if stale is not None and not fallback:
-            return self.select(k, stale), "explore"
-        if fallback and stale is not None:
-            return self.select(k, [(s[:group], r[:group]) for s, r in stale]), "fallback-random"
-        return random_selection(cfg, k, len(prompts)), "random"
+        source = seed_source(self.mode, self.monitor.state != "fallback", cfg.fidelity.fallback,
+                             stale is not None)
+        if source == "sync":
+            return self.select(k, self.explore(k, k, cfg.exploration.candidates, "explore-sync")
+                               ), source
+        if source == "explore":
+            return self.select(k, stale), source
+        if source == "fallback-random":
+            return self.select(k, [(s[:group], r[:group]) for s, r in stale]), source
+        return random_selection(cfg, k, len(prompts)), source
 
     def select(self, k: int, per_prompt: list[tuple[list, list]]) -> Selection:
         group = self.config.grpo.group_size

@@ -101,3 +101,18 @@ def select_seeds(candidates: list[tuple[np.ndarray, np.ndarray]], group: int,
         filled.append(n)
     return Selection(np.stack(seeds_out), np.asarray(explored), np.asarray(filled),
                      np.stack(rewards_out))
+
+
+def seed_source(mode: str, trusting: bool, fallback: str, has_stale: bool) -> str:
+    """Where an iteration's seeds come from, given the run ``mode``, whether the fidelity
+    monitor still trusts stale rankings, its ``fallback`` ('sync' or 'random') and whether
+    candidates scored with the previous weights exist: 'sync' (explore with the current
+    weights now), 'explore' (select among the stale candidates), 'fallback-random' (their
+    first G seeds, which were drawn at random: the stale scores kept for τ, not used) or
+    'random'. One rule for the pipeline and the harness, so the two cannot drift apart."""
+    falling_back = mode == "spotlight" and not trusting
+    if mode == "sync" or (falling_back and fallback == "sync"):
+        return "sync"
+    if mode == "spotlight" and has_stale:
+        return "fallback-random" if falling_back else "explore"
+    return "random"
