@@ -257,10 +257,12 @@ class Exploration:
         if record is not None:
             return Selection.from_record(record.selection or run.store.get_json(
                 tasks.stage_name(iteration, "selection"), "selection"))
-        stale = self.stale_candidates(iteration) if run.mode == "spotlight" else None
-        source = seed_source(run.mode, self.trusting, cfg.fidelity.fallback, stale is not None)
+        # Whether stale candidates exist is in the stage log; they are read only where used.
+        explored = run.mode == "spotlight" and run.log.done(iteration, "explore")
+        source = seed_source(run.mode, self.trusting, cfg.fidelity.fallback, explored)
         if source == "sync":
             return self._explore_now(iteration)
+        stale = self.stale_candidates(iteration) if explored else None
         if source == "explore":   # explored, not yet selected (a resumed driver)
             return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
         if source == "fallback-random":
