@@ -61,6 +61,9 @@ def member(rank: int, world: int, port: int, out_dir: str, backward: bool) -> No
         result["after_disable"] = (model(**x if not backward else {**x, "hidden_states": hidden},
                                          return_dict=False)[0] - reference).abs().max()
     torch.save({k: float(v) for k, v in result.items()}, f"{out_dir}/rank{rank}.pt")
+    # Every member finishes its collectives before any tears the group down: rank 0 hosts the
+    # store and leaving while a peer still talks to it aborted rank 0 (once in CI, world 4).
+    dist.barrier()
     dist.destroy_process_group()
 
 
