@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _abort, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
+from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
 
 
 @dataclass
@@ -31,13 +32,16 @@ class GlooPeers:
     group: object
     rank: int
     world: int
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> None:
-        """Sum every tensor over the group in place: one collective per dtype, flattened."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for same in by_dtype.values():
+        """Sum every tensor over the group in place: one collective per bucket (consecutive
+        tensors of one dtype up to ``bucket_bytes``, flattened), so the extra memory is one
+        bucket, not a second copy of every gradient."""
+        plan = gradient_buckets([t.numel() * t.element_size() for t in tensors],
+                                [t.dtype for t in tensors], self.bucket_bytes)
+        for indices in plan:
+            same = [tensors[i] for i in indices]
             flat = torch.cat([t.reshape(-1) for t in same])
             try:
                 self.group.allreduce([flat]).wait()
