@@ -35,9 +35,9 @@ class GlooPeers:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> None:
-        """Sum every tensor over the group in place: one collective per bucket (consecutive
-        tensors of one dtype up to ``bucket_bytes``, flattened), so the extra memory is one
-        bucket, not a second copy of every gradient."""
+        """Sum every tensor over the group in place: one collective per bucket (tensors of one
+        dtype, in order, up to ``bucket_bytes``, flattened), so the extra memory is one bucket,
+        not a second copy of every gradient."""
         plan = gradient_buckets([t.numel() * t.element_size() for t in tensors],
                                 [t.dtype for t in tensors], self.bucket_bytes)
         for indices in plan:

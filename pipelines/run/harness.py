@@ -199,7 +199,7 @@ class Harness:
     def seeds_for(self, k: int, prompts: list[Prompt]) -> tuple[Selection, str]:
         """As :meth:`Exploration.seeds_for`: sync explores now; spotlight selects among the
         candidates θ_k-1 scored, or falls back when the audit stopped trusting them."""
-        cfg, group = self.config, self.config.grpo.group_size
+        cfg = self.config
         stale = self.stale.get(k) if self.mode == "spotlight" else None
         source = seed_source(self.mode, self.monitor.state != "fallback", cfg.fidelity.fallback,
                              stale is not None)
@@ -208,7 +208,8 @@ class Harness:
                                ), source
         if source == "explore":
             return self.select(k, stale), source
-        if source == "fallback-random":
+        if source == "fallback-random":   # the first G candidates were drawn at random
+            group = cfg.grpo.group_size
             return self.select(k, [(s[:group], r[:group]) for s, r in stale]), source
         return random_selection(cfg, k, len(prompts)), source
 
