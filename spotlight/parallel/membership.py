@@ -14,6 +14,24 @@ give (:func:`pack`: 5 of 8 with degrees 4, 2, 1 -> a group of 4 and one of 1, th
 serving the smaller requests); groups whose members did not change keep serving, the others
 are dissolved and formed anew under a new epoch (the communicator's generation, so a late
 message from a broken group is recognised).
+
+The invariant the glue relies on, under any interleaving of events (a randomized test drives
+thousands of event sequences against it, ``tests/parallel/test_membership_invariant.py``):
+
+1. A group is **formed** only of executors that hold its version: every :class:`FormGroup`
+   names members that are ready at the membership's current version. A standing group may
+   keep a member that is loading a newer version (its communicator stays; it serves again
+   once all its members hold the version, :meth:`Membership.serving`), but no new group is
+   formed around such a member.
+2. Every live executor without the current version has exactly one copy of it outstanding,
+   from a source that is alive: a copy whose source is lost or that failed is re-issued, and a
+   version published or trained while copies of an older one are under way replaces them.
+3. Once every outstanding copy has finished, each node's groups are the packing of all its
+   executors (:func:`pack`) and all of them serve.
+
+Where the processes disagree with this view (a worker restarted at the same address, a copy
+that failed silently), the glue reports :class:`WeightsNotHeld` and the executor copies again
+before any group is formed with it.
 """
 from __future__ import annotations
 
@@ -68,6 +86,22 @@ class WeightsLoaded:
 
 
 @dataclass(frozen=True)
+class CopyFailed:
+    """A copy to ``executor`` raised (its source and target both still alive): it is issued
+    again, from another source where there is one."""
+    executor: str
+    version: int
+
+
+@dataclass(frozen=True)
+class WeightsNotHeld:
+    """The process of ``executor`` was found holding ``holds`` (None: nothing), not what this
+    membership believed -- it was restarted at the same address, or a copy failed silently."""
+    executor: str
+    holds: int | None
+
+
+@dataclass(frozen=True)
 class WeightsTrained:
     """A group trained a new version in place: its members (``holders``) hold it already, the
     other executors copy it from them."""
@@ -101,7 +135,8 @@ class DissolveGroup:
     reason: str
 
 
-Event = ExecutorJoined | ExecutorLost | WeightsLoaded | WeightsPublished | WeightsTrained
+Event = (ExecutorJoined | ExecutorLost | WeightsLoaded | WeightsPublished | WeightsTrained
+         | CopyFailed | WeightsNotHeld)
 Action = CopyWeights | FormGroup | DissolveGroup
 
 
@@ -125,6 +160,7 @@ class Membership:
     executors: dict[str, Executor] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
     epoch: int = 0
+    copies: dict[str, CopyWeights] = field(default_factory=dict)   # outstanding, by target
 
     def __post_init__(self) -> None:
         if not self.degrees or min(self.degrees) < 1:
@@ -134,18 +170,24 @@ class Membership:
         handler = getattr(self, "_on_" + type(event).__name__, None)
         if handler is None:
             raise TypeError(f"Membership.handle: {event!r} is not a membership event")
-        return handler(event)
+        actions = handler(event)
+        for action in actions:
+            if isinstance(action, CopyWeights):
+                self.copies[action.executor] = action
+        return actions
 
     # -- queries ---------------------------------------------------------------------------
     def serving(self, degree: int | None = None) -> list[Group]:
         """Groups (of ``degree``) whose members all hold the current weights."""
         return [g for g in self.groups.values() if (degree is None or g.degree == degree)
-                and all(self.executors[m].state is ExecutorState.READY for m in g.members)]
+                and all(self._holds_current(self.executors[m]) for m in g.members)]
 
     def pending_copies(self) -> list[CopyWeights]:
         """A copy for every live executor still without the current weights, from whoever
-        holds them now (after a loss took a copy's source away)."""
-        return [self._copy_to(e) for e in self._live() if e.state is ExecutorState.LOADING]
+        holds them now (the glue cancelled the copies under way, e.g. after a loss)."""
+        copies = [self._copy_to(e) for e in self._live() if e.state is ExecutorState.LOADING]
+        self.copies = {c.executor: c for c in copies}
+        return copies
 
     def group_of(self, executor: str) -> Group | None:
         name = self.executors[executor].group if executor in self.executors else None
@@ -168,19 +210,52 @@ class Membership:
         if executor is None or executor.state is ExecutorState.GONE:
             return []
         executor.state = ExecutorState.GONE
-        return self._regroup(executor.node)
+        self.copies.pop(executor.name, None)
+        actions = self._regroup(executor.node)
+        # Copies that were to come from it come from whoever holds the version now.
+        return actions + [self._copy_to(self.executors[c.executor])
+                          for c in list(self.copies.values()) if c.source == executor.name]
 
     def _on_WeightsLoaded(self, event: WeightsLoaded) -> list[Action]:
         executor = self.executors.get(event.executor)
         if executor is None or executor.state is ExecutorState.GONE:
             return []
+        if event.version != self.version:   # a copy of an older version finished late
+            if executor.state is ExecutorState.READY:   # ... over the current one
+                return self._on_WeightsNotHeld(WeightsNotHeld(executor.name, event.version))
+            executor.version = event.version
+            wanted = self.copies.get(executor.name)
+            return [] if wanted is not None and wanted.version == self.version \
+                else [self._copy_to(executor)]
         executor.version = event.version
-        if event.version != self.version:   # an older copy finished late: copy again
-            return [self._copy_to(executor)]
+        self.copies.pop(executor.name, None)
         executor.state = ExecutorState.READY
-        if executor.group is not None:   # a new version in a standing group: nothing to form
-            return []
         return self._regroup(executor.node)
+
+    def _on_CopyFailed(self, event: CopyFailed) -> list[Action]:
+        executor = self.executors.get(event.executor)
+        if executor is None or executor.state is not ExecutorState.LOADING \
+                or event.version != self.version:
+            return []   # gone, or a copy nobody wants any more
+        failed = self.copies.get(executor.name)
+        return [self._copy_to(executor, avoid=failed.source if failed else None)]
+
+    def _on_WeightsNotHeld(self, event: WeightsNotHeld) -> list[Action]:
+        executor = self.executors.get(event.executor)
+        if executor is None or executor.state is ExecutorState.GONE:
+            return []
+        executor.version = event.holds
+        if event.holds == self.version:
+            return []
+        executor.state = ExecutorState.LOADING
+        actions: list[Action] = []
+        group = self.group_of(executor.name)
+        if group is not None:   # it cannot serve in its group until it holds the weights
+            actions += self._dissolve(group, f"{executor.name} holds version {event.holds}")
+            actions += self._regroup(executor.node)
+        # A copy under way to it, from a peer that believes it holds the version, may be
+        # as wrong as this one: copy again, from a peer that is ready.
+        return actions + [self._copy_to(executor)]
 
     def _on_WeightsPublished(self, event: WeightsPublished) -> list[Action]:
         """Every live executor loads the new version: on each node the first reads the store
@@ -191,6 +266,7 @@ class Membership:
             raise ValueError(f"weights version {event.version} published after {self.version}; "
                              "versions only grow")
         self.version = event.version
+        self.copies = {}
         actions: list[Action] = []
         first: dict[str, str] = {}
         for executor in self._live():
@@ -211,6 +287,7 @@ class Membership:
             raise ValueError(f"weights version {event.version}: none of its holders "
                              f"{list(event.holders)} is a live executor")
         self.version = event.version
+        self.copies = {}
         for holder in holders:
             holder.version, holder.state = event.version, ExecutorState.READY
         others = [e for e in self._live() if e not in holders]
@@ -222,10 +299,15 @@ class Membership:
     def _live(self) -> list[Executor]:
         return [e for e in self.executors.values() if e.state is not ExecutorState.GONE]
 
-    def _copy_to(self, executor: Executor) -> CopyWeights:
-        """From a ready peer on the same node, else on another node, else the store."""
-        peers = [e for e in self.executors.values() if e.state is ExecutorState.READY
-                 and e.version == self.version and e.name != executor.name]
+    def _holds_current(self, executor: Executor) -> bool:
+        return executor.state is ExecutorState.READY and executor.version == self.version
+
+    def _copy_to(self, executor: Executor, avoid: str | None = None) -> CopyWeights:
+        """From a ready peer on the same node, else on another node, else the store
+        (``avoid``: a source whose copy just failed -- never the same peer twice in a row;
+        the store is the source of last resort)."""
+        peers = [e for e in self.executors.values() if self._holds_current(e)
+                 and e.name not in (executor.name, avoid)]
         local = [e for e in peers if e.node == executor.node]
         if local:
             return CopyWeights(executor.name, self.version, local[0].name, "shared-memory")
@@ -233,39 +315,44 @@ class Membership:
             return CopyWeights(executor.name, self.version, peers[0].name, "network")
         return CopyWeights(executor.name, self.version, None, "store")
 
+    def _dissolve(self, group: Group, reason: str) -> list[Action]:
+        del self.groups[group.name]
+        for member in group.members:
+            if self.executors[member].group == group.name:
+                self.executors[member].group = None
+        return [DissolveGroup(group, reason)]
+
     def _regroup(self, node: str) -> list[Action]:
-        """Pack the node's live grouped or ready executors anew; keep the groups that come out
-        unchanged (a member still loading a new version stays in its group)."""
-        ready = [e.name for e in self.executors.values() if e.node == node and (
-            e.state is ExecutorState.READY
-            or (e.state is ExecutorState.LOADING and e.group is not None))]
-        # Members of intact groups (nobody lost) first, larger groups first, in rank order;
-        # then the rest in join order -- so packing leaves an intact group as it is.
+        """Pack the node's ready executors anew, keep the groups that come out unchanged and
+        form the others -- of ready executors only (invariant 1). An intact group (nobody
+        lost) with a member still loading a new version stands as it is until that member
+        holds it."""
         intact = {g.name: g for g in self.groups.values() if g.node == node and all(
             self.executors[m].state is not ExecutorState.GONE for m in g.members)}
+        waiting = [g for g in intact.values() if not all(
+            self.executors[m].state is ExecutorState.READY for m in g.members)]
+        held = {m for g in waiting for m in g.members}
         order = {name: i for i, name in enumerate(self.executors)}
 
         def place(name: str) -> tuple:
+            # Members of intact groups first, larger groups first, in rank order; then the
+            # rest in join order -- so packing leaves an intact group as it is.
             group = intact.get(self.executors[name].group or "")
             if group is None:
                 return (1, 0, 0, order[name])
             return (0, -group.degree, group.epoch, group.members.index(name))
 
-        ready.sort(key=place)
-        wanted = pack(ready, self.degrees)
-        kept = {g.name: g for g in self.groups.values()
-                if g.node == node and g.members in wanted}
+        ready = sorted((e.name for e in self.executors.values() if e.node == node
+                        and e.state is ExecutorState.READY and e.name not in held), key=place)
+        wanted = [g.members for g in waiting] + pack(ready, self.degrees)
         actions: list[Action] = []
-        for group in [g for g in self.groups.values() if g.node == node and g.name not in kept]:
-            del self.groups[group.name]
-            for member in group.members:
-                if self.executors[member].group == group.name:
-                    self.executors[member].group = None
+        for group in [g for g in self.groups.values() if g.node == node
+                      and g.members not in wanted]:
             gone = [m for m in group.members if self.executors[m].state is ExecutorState.GONE]
-            actions.append(DissolveGroup(group, f"lost {', '.join(gone)}" if gone
-                                         else "regrouped"))
+            actions += self._dissolve(group, f"lost {', '.join(gone)}" if gone else "regrouped")
+        kept = {g.members for g in self.groups.values() if g.node == node}
         for members in wanted:
-            if any(g.members == members for g in kept.values()):
+            if members in kept:
                 continue
             self.epoch += 1
             group = Group(f"{node}/g{self.epoch}", node, members, self.epoch)

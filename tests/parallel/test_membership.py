@@ -78,12 +78,25 @@ def test_new_weights_keep_the_groups_and_load_once_per_node_from_the_store():
     assert follow == [] and set(m.groups) == groups and len(m.serving()) == 2
 
 
-def test_a_copy_of_an_older_version_that_finishes_late_is_redone():
+def test_a_copy_of_an_older_version_that_finishes_late_waits_for_the_current_one():
     m = Membership(degrees=(1,))
     m.handle(ExecutorJoined("a0", "node-a", version=0))
     m.handle(ExecutorJoined("a1", "node-a"))
     m.handle(WeightsPublished(1))
-    assert m.handle(WeightsLoaded("a1", 0)) == [CopyWeights("a1", 1, None, "store")]
+    # The copy of version 1 the publication issued is still to come: no second one.
+    assert m.handle(WeightsLoaded("a1", 0)) == []
+    assert m.copies["a1"] == CopyWeights("a1", 1, "a0", "shared-memory")
+
+
+def test_an_older_copy_landing_over_the_current_weights_takes_the_executor_out_and_copies_again():
+    m = Membership(degrees=(2, 1))
+    for name in ("a0", "a1"):
+        m.handle(ExecutorJoined(name, "node-a", version=0))
+    pair = m.group_of("a0")
+    actions = m.handle(WeightsLoaded("a1", -1))   # a stale copy overwrote what a1 held
+    assert actions == [DissolveGroup(pair, "a1 holds version -1"),
+                       FormGroup(m.group_of("a0")), CopyWeights("a1", 0, "a0", "shared-memory")]
+    assert members(m) == [("a0",)]
 
 
 def test_bad_events_are_named():
