@@ -16,15 +16,19 @@ from typing import Callable
 from distributed import Client
 
 from pipelines.parallel import executor
-from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
-                                           ExecutorLost, FormGroup, Group, Membership,
-                                           WeightsLoaded, WeightsPublished, WeightsTrained)
+from spotlight.parallel.membership import (CopyFailed, CopyWeights, DissolveGroup,
+                                           ExecutorJoined, ExecutorLost, FormGroup, Group,
+                                           Membership, WeightsLoaded, WeightsNotHeld,
+                                           WeightsPublished, WeightsTrained)
 
 
 POLL_S = 0.01   # how often a wait checks that its workers are still there
 # A member's death reaches its peers' collectives (an error) before the scheduler: how long a
 # failed task waits for one of its group to be reported gone before its error counts as a bug.
 LOSS_GRACE_S = 5.0
+# A copy to one executor that keeps failing with its source and target alive (the store
+# unreadable, the node's shared memory full) is not a preemption: after this many, stop.
+MAX_COPY_FAILURES = 3
 
 
 def _addresses(dask_scheduler) -> list[str]:
@@ -71,6 +75,7 @@ class SPGroups:
     membership: Membership = field(init=False)
     log: list[dict] = field(default_factory=list)   # what each action took
     losses: int = 0   # executors lost so far (reported, or found gone while acting)
+    copy_failures: dict = field(default_factory=dict)   # (executor, version) -> failed copies
 
     def __post_init__(self) -> None:
         from spotlight.parallel.ulysses import check_degree
@@ -104,6 +109,29 @@ class SPGroups:
         self.version = version
         self._carry_out(self.membership.handle(WeightsTrained(version, group.members)))
 
+    def recheck(self, group: Group) -> bool:
+        """Ask ``group``'s members which weights they hold; a member without the group's
+        version (its process restarted at the same address) copies them again and the group
+        is re-formed without it meanwhile. True if one was found."""
+        from distributed import wait
+
+        futures = {m: self.client.submit(executor.holds, workers=[m], pure=False,
+                                         allow_other_workers=False) for m in group.members}
+        # A member still blocked in the failed request's collective answers late: judge by
+        # those that answer within the grace.
+        try:
+            wait(list(futures.values()), timeout=LOSS_GRACE_S)
+        except TimeoutError:
+            pass
+        _check_pinned(self.client, list(futures.values()), set(group.members))
+        holds = {m: f.result() for m, f in futures.items() if f.status == "finished"}
+        wrong = [WeightsNotHeld(m, v) for m, v in holds.items() if v != self.membership.version]
+        for event in wrong:
+            self.log.append({"action": "not-held", "executor": event.executor,
+                             "holds": event.holds, "wanted": self.membership.version})
+            self._carry_out(self.membership.handle(event))
+        return bool(wrong)
+
     def forward(self, group: Group, inputs: dict):
         """One SP forward of ``inputs`` on ``group``: the whole output."""
         return self.submit(group, executor.forward, inputs)[0].result()
@@ -127,8 +155,9 @@ class SPGroups:
             except ExecutorGone as gone:
                 self.log.append({"action": "lost-meanwhile", "executor": gone.address})
                 self.losses += 1
-                actions = self.membership.handle(ExecutorLost(gone.address)) \
-                    + self.membership.pending_copies()
+                # Every copy under way was cancelled: issue each wanted one again, once.
+                actions = [a for a in self.membership.handle(ExecutorLost(gone.address))
+                           if not isinstance(a, CopyWeights)] + self.membership.pending_copies()
         return [g for g in formed if g.name in self.membership.groups]
 
     def _step(self, actions: list) -> list[Group]:
@@ -136,19 +165,22 @@ class SPGroups:
         while actions:
             copies = [a for a in actions if isinstance(a, CopyWeights)]
             # Events handled together may form a group and dissolve it again: form only
-            # the groups that stand.
-            forms = [a.group for a in actions if isinstance(a, FormGroup)
-                     and a.group.name in self.membership.groups]
+            # the groups that stand, and whose members all hold the version now.
+            serving = self.membership.serving()
+            forms = [a.group for a in actions if isinstance(a, FormGroup) and a.group in serving]
             for action in actions:
                 if isinstance(action, DissolveGroup):
                     self.log.append({"action": "dissolve", "group": action.group.name,
                                      "reason": action.reason})
-            formed += self._form(forms)
+            standing, refused = self._form(forms)
+            formed += standing
             # A copy from a peer that is itself still receiving the version waits a round.
+            copies = list({c.executor: c for c in copies}.values())   # the last one wanted
             targets = {c.executor for c in copies}
             later = [c for c in copies if c.source in targets]
-            actions = [a for done in self._copy([c for c in copies if c not in later])
-                       for a in self.membership.handle(done)] + later
+            actions = [a for event in refused + self._copy([c for c in copies if c not in later])
+                       for a in self.membership.handle(event)]
+            actions += [c for c in later if self.membership.copies.get(c.executor) == c]
         return formed
 
     def _await(self, futures: list, pinned: set[str]) -> list:
@@ -177,37 +209,86 @@ class SPGroups:
                                             copy.version, **target)
             futures.append(future)
         started = time.perf_counter()
-        results = self._await(futures, pinned)
-        for copy, result in zip(copies, results):
-            self.log.append({"action": "copy", "executor": copy.executor, "via": copy.via,
-                             "s": time.perf_counter() - started, **result})
-        return [WeightsLoaded(copy.executor, copy.version) for copy in copies]
+        events: list = []
+        for copy, outcome in zip(copies, await_outcomes(self.client, futures, pinned)):
+            if not isinstance(outcome, BaseException):
+                self.log.append({"action": "copy", "executor": copy.executor, "via": copy.via,
+                                 "s": time.perf_counter() - started, **outcome})
+                events.append(WeightsLoaded(copy.executor, copy.version))
+                continue
+            events += self._copy_failed(copy, outcome)
+        return events
 
-    def _form(self, groups: list[Group]) -> list[Group]:
-        """A rendezvous on each group's rank 0, then all members of all groups join at once."""
+    def _copy_failed(self, copy: CopyWeights, error: BaseException) -> list:
+        """A copy raised with its source and target alive: copy again (from elsewhere, if
+        the source turned out not to hold the version), up to :data:`MAX_COPY_FAILURES`."""
+        key = (copy.executor, copy.version)
+        self.copy_failures[key] = self.copy_failures.get(key, 0) + 1
+        self.log.append({"action": "copy-failed", "executor": copy.executor, "via": copy.via,
+                         "source": copy.source, "error": f"{type(error).__name__}: {error}"})
+        if self.copy_failures[key] > MAX_COPY_FAILURES:
+            raise RuntimeError(
+                f"copying weights version {copy.version} to executor {copy.executor} failed "
+                f"{MAX_COPY_FAILURES + 1} times with both ends alive; the last time from "
+                f"{copy.source or 'the run store'} ({copy.via}): {type(error).__name__}: "
+                f"{error}. Check that the run store {self.url} is readable from the workers and "
+                "that the node's shared memory (/dev/shm) has room") from error
+        events: list = []
+        if isinstance(error, executor.WeightsNotHeldError) and copy.source is not None:
+            events.append(WeightsNotHeld(copy.source, error.holds))
+        return events + [CopyFailed(copy.executor, copy.version)]
+
+    def _form(self, groups: list[Group]) -> tuple[list[Group], list[WeightsNotHeld]]:
+        """A rendezvous on each group's rank 0 while every member is asked which weights it
+        holds; then all members of the groups whose members hold the version join at once.
+        Returns the groups formed, and the members found without the version (restarted at
+        the same address, a copy that failed silently): they copy again, and their groups
+        are formed once they hold it."""
         if not groups:
-            return []
+            return [], []
         started = time.perf_counter()
+        version = self.membership.version
         members = {m for g in groups for m in g.members}
+        held = {m: self.client.submit(executor.holds, workers=[m], pure=False,
+                                      allow_other_workers=False) for m in sorted(members)}
         rendezvous = [self.client.submit(executor.open_rendezvous, workers=[g.members[0]],
                                          pure=False, allow_other_workers=False) for g in groups]
+        answers = self._await(list(held.values()) + rendezvous, members)
+        holds = dict(zip(held, answers))
+        refused = [WeightsNotHeld(m, v) for m, v in holds.items() if v != version]
+        for event in refused:
+            self.log.append({"action": "not-held", "executor": event.executor,
+                             "holds": event.holds, "wanted": version})
+        ready = [(g, place) for g, place in zip(groups, answers[len(held):])
+                 if all(holds[m] == version for m in g.members)]
         joins = []
-        for group, place in zip(groups, self._await(rendezvous, members)):
+        for group, place in ready:
             joins += [self.client.submit(executor.join, group.epoch, rank, group.degree, *place,
-                                         self.version, workers=[member], pure=False,
+                                         version, workers=[member], pure=False,
                                          allow_other_workers=False)
                       for rank, member in enumerate(group.members)]
         results = self._await(joins, members)
-        self.log.append({"action": "form", "groups": [g.members for g in groups],
-                         "s": time.perf_counter() - started,
-                         "communicator_s": max(r["communicator_s"] for r in results)})
-        return groups
+        if ready:
+            self.log.append({"action": "form", "groups": [g.members for g, _ in ready],
+                             "s": time.perf_counter() - started,
+                             "communicator_s": max(r["communicator_s"] for r in results)})
+        return [g for g, _ in ready], refused
 
 
 def await_pinned(client: Client, futures: list, pinned: set[str]) -> list:
     """The results of ``futures`` pinned to the ``pinned`` workers; :class:`ExecutorGone` as
     soon as one of those workers has left the cluster (a task pinned to it would wait for
     ever)."""
+    outcomes = await_outcomes(client, futures, pinned)
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    if errors:
+        raise errors[0]   # an error with nobody lost is the task's own
+    return outcomes
+
+
+def await_outcomes(client: Client, futures: list, pinned: set[str]) -> list:
+    """Like :func:`await_pinned`, but each future's result or the exception it raised (a
+    lost pinned worker still raises :class:`ExecutorGone`)."""
     while not all(f.done() for f in futures):
         if any(f.status == "error" for f in futures):
             break   # a member's collective failed: was a peer lost?
@@ -218,7 +299,10 @@ def await_pinned(client: Client, futures: list, pinned: set[str]) -> list:
         while time.monotonic() < deadline:
             _check_pinned(client, futures, pinned)
             time.sleep(POLL_S)
-    return [f.result() for f in futures]   # an error with nobody lost is the task's own
+        while not all(f.done() for f in futures):   # the rest finish, or fail on their own
+            _check_pinned(client, futures, pinned)
+            time.sleep(POLL_S)
+    return [f.exception() if f.status == "error" else f.result() for f in futures]
 
 
 def _check_pinned(client: Client, futures: list, pinned: set[str]) -> None:

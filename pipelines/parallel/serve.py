@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pipelines.parallel import executor
-from pipelines.parallel.groups import LOSS_GRACE_S, SPGroups, kill_executors, live_workers
+from pipelines.parallel.groups import (LOSS_GRACE_S, ExecutorGone, SPGroups, kill_executors,
+                                      live_workers)
 from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
                                            WorkerJoined, WorkerLost)
 
@@ -141,8 +142,10 @@ class GroupServer:
 
     def _failed(self, request: str, group: str, error: BaseException) -> None:
         """An attempt raised. If its group lost a member (now or within
-        :data:`LOSS_GRACE_S`), that loss requeues it; otherwise the request itself is broken
-        and serving stops, naming it -- retrying would fail the same way for ever."""
+        :data:`LOSS_GRACE_S`), that loss requeues it; if a member's process no longer holds
+        the group's weights (restarted at the same address), it copies them again and the
+        request is requeued; otherwise the request itself is broken and serving stops, naming
+        it -- retrying would fail the same way for ever."""
         members = self.sp.membership.groups.get(group)
         deadline = time.monotonic() + LOSS_GRACE_S
         while members is not None and time.monotonic() < deadline:
@@ -152,6 +155,14 @@ class GroupServer:
                     self.lost(address)
                 return
             time.sleep(0.05)
+        if members is not None and group in self.sp.membership.groups:
+            try:
+                if self.sp.recheck(members):
+                    self._sync_groups()
+                    return
+            except ExecutorGone as lost:
+                self.lost(lost.address)
+                return
         if members is None:
             return   # dissolved already: requeued by the loss that dissolved it
         raise GroupRequestFailed(
