@@ -57,6 +57,19 @@ class ExecutorState:
 STATE = ExecutorState()
 
 
+class WeightsNotHeldError(RuntimeError):
+    """This executor was asked for (or to serve) a weights version it does not hold -- its
+    process was restarted, or a copy to it failed silently. The driver copies again
+    (:class:`spotlight.parallel.membership.WeightsNotHeld`); ``holds`` is what it has."""
+
+    def __init__(self, holds: int | None, wanted: int | None, doing: str) -> None:
+        super().__init__(f"executor holds weights version {holds}, {doing} {wanted}")
+        self.holds, self.wanted, self.doing = holds, wanted, doing
+
+    def __reduce__(self):   # it crosses from the worker to the driver
+        return type(self), (self.holds, self.wanted, self.doing)
+
+
 def build_model(spec: dict) -> torch.nn.Module:
     """A ``QwenImageTransformer2DModel`` of the given config (weights come separately)."""
     from diffusers import QwenImageTransformer2DModel
@@ -100,6 +113,8 @@ def _state_dict(spec: dict | None, version: int | None) -> dict:
     """The weights this executor holds -- for a run, those of ``version`` (other tasks on the
     worker may have moved its context to another version since)."""
     if spec is None or "run" not in spec:
+        if version is not None and STATE.version != version:
+            raise WeightsNotHeldError(STATE.version, version, "a peer asked to copy version")
         return STATE.model.state_dict()
     ctx = run_context(spec)
     with ctx.lock:
@@ -125,9 +140,8 @@ def open_rendezvous() -> tuple[str, int]:
 def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) -> dict:
     """Leave the current group and form group ``epoch`` as ``rank`` of ``world`` (every member
     must hold ``version`` already). Returns the seconds it took."""
-    if STATE.version != version:
-        raise RuntimeError(f"executor holds weights version {STATE.version}, the group serves "
-                           f"{version}: copy the weights before forming the group")
+    if STATE.version != version:   # the driver asked what it holds just before: a bug
+        raise WeightsNotHeldError(STATE.version, version, "the group it joins serves version")
     started = time.perf_counter()
     leave()
     store = STATE.rendezvous if rank == 0 else dist.TCPStore(
