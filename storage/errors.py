@@ -30,5 +30,11 @@ class NotCommittedError(StorageError):
     """Something was asked for that the run store has no commit record of."""
 
 
+class StreamOvertakenError(StorageError):
+    """A request's stream was opened at a step the run store already holds: another attempt of
+    the same request (a speculative twin, or one given up on that still runs) got there first.
+    This attempt stops; the request goes on from the store's committed step."""
+
+
 class SinkClosedError(StorageError):
     """A latent sink was used after close()."""

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import CorruptObjectError, SinkClosedError, StorageError
+from .errors import CorruptObjectError, SinkClosedError, StorageError, StreamOvertakenError
 from .latents import Labels, LatentStreams, request_key
 from .manifest import stage_key
 
@@ -273,6 +273,10 @@ class LatentSink:
     def _open_stream(self, item: _Item) -> None:
         record = self.streams.commit_record(item.stage, item.request)
         last = -1 if record is None else int(record["step"])
+        if item.step <= last:   # another attempt of this request is ahead of this one
+            raise StreamOvertakenError(
+                f"the stream starts at step {item.step} but another attempt has committed "
+                f"through step {last}; this attempt stops, the request goes on from step {last}")
         if item.step != last + 1:
             raise StorageError(
                 f"the stream starts at step {item.step} but the store has committed through step "

@@ -19,10 +19,11 @@ from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC
+from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch_events import event_record
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored, Offload,
-                                           NoticeReceived, RequestDone, RequestPreempted,
+from spotlight.scheduling.dispatch import (AttemptOvertaken, Assign, Cancel, Dispatcher, GaveUp,
+                                           Ignored, Offload, NoticeReceived, RequestDone, RequestPreempted,
                                            RequestProgressed, RequestState, RequestsSubmitted,
                                            Requeued, ResultLost, Retired, StageClosed, Starved,
                                            Tick, WorkerJoined, WorkerLost, WorkerState)
@@ -264,6 +265,12 @@ class RequestPool:
         if future.status == "error":
             if self.dispatcher.requests[request].state is RequestState.DONE:
                 return   # a superseded attempt failed: its request already has its answer
+            if isinstance(future.exception(), StreamOvertakenError):
+                step = self._committed(request)[0]
+                self._note("overtaken", request=request, attempt=attempt,
+                           worker=self._addresses.get(worker, worker), step=step)
+                self._apply(self._handle(AttemptOvertaken(request, attempt, step)))
+                return
             # a bug in the request is an error, not a preemption
             raise task_error(future.exception(), f"{self.specs[request].stage} request "
                                                  f"{request}", self.resource)

@@ -27,7 +27,7 @@ from enum import Enum
 from spotlight.scheduling.dispatch_events import (  # noqa: F401  (re-exported)
     WorkerJoined, NoticeReceived, WorkerLost, RequestSubmitted, RequestsSubmitted,
     RequestProgressed, RequestDone,
-    RequestPreempted, ResultLost, Tick, StageClosed, Assign, Cancel, Requeued, Retired,
+    RequestPreempted, AttemptOvertaken, ResultLost, Tick, StageClosed, Assign, Cancel, Requeued, Retired,
     Starved, GaveUp, Ignored, Event, Action)
 from spotlight.scheduling.offload import SpeedBook, planned_takers, straggler
 
@@ -247,6 +247,20 @@ class Dispatcher:
         if request.live:   # its twin runs on
             return self._retire_drained()
         self._requeue(request)
+        return [Requeued(request.name, worker, request.committed_step, hard=False)] \
+            + self._retire_drained()
+
+    def _on_AttemptOvertaken(self, event: AttemptOvertaken) -> list[Action]:
+        request = self.requests.get(event.request)
+        if request is None or request.state is not RequestState.RUNNING or \
+                event.attempt not in request.live:
+            return [Ignored(event, f"attempt {event.attempt} of {event.request} is not running")]
+        worker = request.live[event.attempt]
+        request.committed_step = max(request.committed_step, event.step)
+        self._drop_attempts(request, worker)
+        if request.live:   # the twin that overtook it runs on
+            return self._retire_drained()
+        self._requeue(request)   # the twin is gone too: go on from what it committed
         return [Requeued(request.name, worker, request.committed_step, hard=False)] \
             + self._retire_drained()
 

@@ -64,6 +64,17 @@ class RequestPreempted:
 
 
 @dataclass(frozen=True)
+class AttemptOvertaken:
+    """An attempt found the run store ahead of it: a twin attempt of the request (speculative,
+    or one given up on that still runs) committed past the step it started from. It stopped;
+    neither a preemption nor a failure."""
+
+    request: str
+    attempt: int
+    step: int   # the request's committed step in the run store
+
+
+@dataclass(frozen=True)
 class ResultLost:
     """An attempt finished but its result could not be fetched; ``worker_alive`` says whether
     its worker is still in the cluster (if not, the result went with it)."""
@@ -92,7 +103,7 @@ class StageClosed:
 
 Event = (WorkerJoined | NoticeReceived | WorkerLost | RequestSubmitted | RequestsSubmitted
          | RequestProgressed
-         | RequestDone | RequestPreempted | ResultLost | Tick | StageClosed)
+         | RequestDone | RequestPreempted | AttemptOvertaken | ResultLost | Tick | StageClosed)
 
 
 # --- actions ------------------------------------------------------------------------------------

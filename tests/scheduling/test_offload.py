@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, Offload, RequestDone,
+from spotlight.scheduling.dispatch import (Assign, AttemptOvertaken, Cancel, Dispatcher,
+                                           Offload, RequestDone,
                                            RequestPreempted, RequestState, RequestSubmitted,
                                            Requeued, Tick, WorkerJoined, WorkerLost)
 from spotlight.scheduling.offload import SpeedBook, eft_plan, planned_takers, straggler
@@ -129,6 +130,30 @@ def test_losing_one_twin_requeues_nothing_and_losing_both_does():
     # Requeued, and at once pulled again by the gpu worker, from its committed step.
     assert [(a.request, a.worker, a.resume_step) for a in out if isinstance(a, Assign)] == \
         [("r0", "gpu-0", 3)]
+
+
+def test_a_twin_overtaken_in_the_store_stops_without_counting_as_a_preemption():
+    d = Dispatcher(offload=Offload(speculate_on=("gpu",), margin_s=0.5))
+    d.handle(WorkerJoined("spot-0", cls="spot"))
+    d.handle(RequestSubmitted("warm"))
+    d.handle(RequestDone("warm", 1, seconds=8.0))
+    d.handle(RequestSubmitted("r0"))
+    d.handle(WorkerJoined("gpu-0", cls="gpu"))
+    d.handle(RequestSubmitted("gwarm"))
+    d.handle(RequestDone("gwarm", 1, seconds=2.0))
+    assert sorted(d.requests["r0"].live.values()) == ["gpu-0", "spot-0"]
+    out = d.handle(AttemptOvertaken("r0", 2, step=5))   # the gpu twin found spot-0 ahead
+    assert not [a for a in out if isinstance(a, Requeued)]
+    # The idle gpu worker may take the straggler up again -- from the step the store holds.
+    assert [(a.worker, a.attempt, a.resume_step) for a in out if isinstance(a, Assign)] == \
+        [("gpu-0", 3, 5)]
+    request = d.requests["r0"]
+    assert request.live == {1: "spot-0", 3: "gpu-0"} and request.committed_step == 5
+    assert request.graceful_preemptions == request.hard_preemptions == 0
+    d.handle(WorkerLost("gpu-0"))
+    out = d.handle(AttemptOvertaken("r0", 1, step=6))   # then spot-0's is overtaken as well
+    assert [(r.request, r.step) for r in out if isinstance(r, Requeued)] == [("r0", 6)]
+    assert d.handle(AttemptOvertaken("r0", 1, step=6))[0].reason.endswith("is not running")
 
 
 def test_without_offload_nothing_is_held_back_or_duplicated():

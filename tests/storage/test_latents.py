@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from storage import (CorruptObjectError, NotCommittedError, ResumePoint, RunStore,
-                     SinkClosedError, StorageError)
+                     SinkClosedError, StorageError, StreamOvertakenError)
 
 STAGE = "iter-3/rollout"
 SHAPE = (12, 4)  # (tokens, channels)
@@ -91,6 +91,28 @@ def test_resume_after_interruption_is_bit_identical(store_config):
     np.testing.assert_array_equal(store.read_trajectory(STAGE, "preempted"),
                                   store.read_trajectory(STAGE, "plain"))
     assert store.latents.commit_record(STAGE, "preempted")["resumes"] == [3]
+
+
+def test_an_attempt_overtaken_by_its_twin_stops_and_leaves_the_twins_steps(store_config):
+    """Two attempts of one request resume from step 3; one commits through step 6 first. The
+    other's stream then starts behind the store: it is told it was overtaken (a stop, not a
+    failure of the run) and writes nothing over the twin's steps."""
+    store = RunStore.open(store_config)
+    with store.latent_sink(STAGE) as sink:
+        run_request(sink, "r", seed=5, num_steps=8, stop=3)
+    point = store.resume_point(STAGE, "r")
+    with store.latent_sink(STAGE) as sink:
+        run_request(sink, "r", seed=5, num_steps=8, start=point, stop=6)
+    ahead = store.resume_point(STAGE, "r")
+    late = store.latent_sink(STAGE)
+    with pytest.raises(StreamOvertakenError, match="another attempt has committed through "
+                                                   "step 6"):
+        run_request(late, "r", seed=5, num_steps=8, start=point)
+        late.flush()
+    late.close(raise_errors=False)
+    after = store.resume_point(STAGE, "r")
+    assert isinstance(late.error, StreamOvertakenError)
+    assert after.step == 6 and after.latent.tobytes() == ahead.latent.tobytes()
 
 
 def test_half_written_chunk_is_not_committed(store_config):
