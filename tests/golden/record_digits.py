@@ -5,12 +5,15 @@
 With ``harness`` each mode is also run by the in-process harness (``pipelines/run/harness.py``)
 and printed as ``harness-<mode>``: it must give the cluster's numbers.
 
-``tests/pipelines/test_digits_pin.py`` runs this in a subprocess and compares with
-``digits.json``. Torch's kernels are held to their portable (non-SIMD) paths, MKL to its
-compatible code path and oneDNN to SSE4.1, set before torch loads, so that the sums come out
-the same on any x86 CPU rather than depending on AVX2 or AVX-512; the recogniser and base model
-are trained afresh in a private cache, on the same paths. To re-record from an older commit, check it out
-into a work tree and run this file there with ``PYTHONPATH`` set to the work tree.
+``tests/pipelines/test_digits_pin.py`` runs this in a subprocess on the current code and on the
+reference commit, checked out in a git work tree on the same machine, and compares the two
+(``pin_reference.py``; the reference's results are cached under a key that includes this file's
+hash, so any edit here recomputes them). Torch's kernels are held to their portable (non-SIMD)
+paths, MKL to its compatible code path and oneDNN to SSE4.1, set before torch loads; the
+recogniser and base model are trained afresh in a private cache, on the same paths. Even so some
+kernel still sums in another order on another CPU, which is why the pin judges a machine only by
+what the reference computes there. To run an older commit by hand, check it out into a work tree
+and run this file there with ``PYTHONPATH`` set to the work tree.
 """
 from __future__ import annotations
 
