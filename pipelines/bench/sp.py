@@ -17,6 +17,7 @@ real-format ``QwenImageTransformer2DModel`` whose weights lie in a run store. Th
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 
@@ -163,8 +164,9 @@ def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
 @register_bench("sp")
 def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
              **_: object) -> dict:
-    from distributed import Client, LocalCluster
-
+    from pipelines.cluster import start_embedded
+    from pipelines.cluster.dask_log import run_log_file
+    from spotlight.config import ClusterConfig
     from storage import RunStore
 
     rounds = rounds or (2 if quick else 5)
@@ -178,9 +180,12 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     with torch.no_grad():
         reference = model(**request_inputs(), return_dict=False)[0]
-    with LocalCluster(n_workers=devices, threads_per_worker=1, processes=True,
-                      host="127.0.0.1", dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    # One "device" per worker process; a killed one's nanny starts a fresh process.
+    dask_log = run_log_file(url).path
+    handle = start_embedded(ClusterConfig(gpu_workers=devices, spot_workers=0, dashboard=False),
+                            log_file=dask_log)
+    with contextlib.closing(handle):
+        client = handle.client
         bench = Bench(client, url, reference)
         sp = bench.groups((4, 2, 1))
         sp.add(bench.wait_for(devices))
@@ -210,5 +215,5 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
         "newcomer_build_s": float(np.median([r["newcomer_build_s"] for r in regroups])),
         "newcomer_copy_via": sorted({v for r in regroups for v in r["newcomer_via"]}),
         "chaos": under_kills,
-        "wall_s": time.monotonic() - started, "machine": machine(),
+        "wall_s": time.monotonic() - started, "machine": machine(), "dask_log": str(dask_log),
     }

@@ -14,7 +14,9 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
 
@@ -66,6 +68,12 @@ class ClusterHandle:
     cluster: object | None = None
     owns_client: bool = True
     dashboard: bool = True
+    log_route: DaskLogRoute | None = None
+    """Where the embedded cluster's own Dask messages go while it lives (None: nowhere else)."""
+
+    @property
+    def log_file(self) -> Path | None:
+        return None if self.log_route is None else self.log_route.path
 
     @property
     def dashboard_link(self) -> str | None:
@@ -111,8 +119,12 @@ class ClusterHandle:
             if self.owns_client:
                 self.client.close()
         finally:
-            if self.cluster is not None:
-                self.cluster.close()
+            try:
+                if self.cluster is not None:
+                    self.cluster.close()
+            finally:
+                if self.log_route is not None:
+                    self.log_route.stop()
 
 
 class Absence:
@@ -150,17 +162,22 @@ def workers_by_class(workers: dict) -> dict[str, list[str]]:
     return out
 
 
-def worker_spec(name: str, resource: str, config: ClusterConfig) -> dict:
-    from distributed import Nanny
+def worker_spec(name: str, resource: str, config: ClusterConfig,
+                log_file: str | Path | None = None) -> dict:
+    """One embedded worker process under its nanny; ``log_file``: where its Dask messages go."""
+    from pipelines.cluster.nanny import EmbeddedNanny
 
     threads = str(config.threads_per_worker)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if log_file is not None:
+        env[LOG_ENV] = str(log_file)
     # host: the nanny, the worker and the worker's HTTP endpoint all bind loopback only; Dask
     # RPC is unauthenticated, so anything reachable from the network could run code in them.
-    return {"cls": Nanny, "options": {
+    return {"cls": EmbeddedNanny, "options": {
         "name": name, "host": LOOPBACK, "nthreads": config.threads_per_worker,
         "resources": {resource: 1}, "memory_limit": 0, "silence_logs": 40,
         "preload": ["pipelines.cluster.worker_setup"],   # Ctrl-C is the driver's (see dask_setup)
-        "env": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}}}
+        "env": env}}
 
 
 # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every worker, which also freezes glibc's mmap
@@ -191,14 +208,30 @@ def _close_http_server(dask_scheduler) -> None:
     dask_scheduler.http_server.stop()
 
 
-def start_embedded(config: ClusterConfig) -> ClusterHandle:
-    """Start a scheduler and gpu/spot worker processes, all listening on loopback only."""
+def _wait_for_workers(client, count: int, timeout: float, log_file: str | Path) -> None:
+    try:
+        client.wait_for_workers(count, timeout=timeout)
+    except TimeoutError:   # why a worker did not start is in Dask's messages, now in the log
+        raise ClusterError(f"the embedded cluster's {count} worker processes did not all start "
+                           f"within {timeout:g} s; Dask's messages are in {log_file}. A loaded "
+                           "machine may need a larger cluster.worker_wait_s") from None
+
+
+def start_embedded(config: ClusterConfig, *, log_file: str | Path) -> ClusterHandle:
+    """Start a scheduler and gpu/spot worker processes, all listening on loopback only.
+
+    Every cluster the project starts on this machine is started here (a code-shape test holds
+    every other module to it): its workers get the project's set-up (imports, speed, nice),
+    and Dask's own messages of all its processes go to ``log_file``, not the console
+    (:mod:`pipelines.cluster.dask_log`)."""
     import dask
     from distributed import Client, Scheduler, SpecCluster
 
     spot = config.spot_workers
-    workers = {f"gpu-{i}": worker_spec(f"gpu-{i}", GPU, config) for i in range(config.gpu_workers)}
-    workers.update({f"spot-{i}": worker_spec(f"spot-{i}", SPOT, config) for i in range(spot)})
+    workers = {f"gpu-{i}": worker_spec(f"gpu-{i}", GPU, config, log_file)
+               for i in range(config.gpu_workers)}
+    workers.update({f"spot-{i}": worker_spec(f"spot-{i}", SPOT, config, log_file)
+                    for i in range(spot)})
     scheduler = {"cls": Scheduler, "options": {
         "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0"}}
     settings = {"distributed.worker.multiprocessing-method": "spawn",
@@ -207,19 +240,26 @@ def start_embedded(config: ClusterConfig) -> ClusterHandle:
     if not config.dashboard:   # no HTTP endpoint in any process at all
         settings.update({"distributed.scheduler.http.routes": [],
                          "distributed.worker.http.routes": []})
-    with dask.config.set(settings):
-        cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
-        client = Client(cluster)
+    route = DaskLogRoute(log_file).start()
+    cluster = client = None
     try:
-        client.wait_for_workers(len(workers), timeout=max(config.worker_wait_s, 60.0))
+        with dask.config.set(settings):
+            cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
+            client = Client(cluster)
+        _wait_for_workers(client, len(workers), max(config.worker_wait_s, 60.0), log_file)
         register_worker_setup(client, config, embedded=True)
         if not config.dashboard:   # Dask's scheduler always serves HTTP; close it
             client.run_on_scheduler(_close_http_server)
     except BaseException:
-        client.close()
-        cluster.close()
+        try:
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+        finally:
+            route.stop()
         raise
-    return ClusterHandle(client, cluster, dashboard=config.dashboard)
+    return ClusterHandle(client, cluster, dashboard=config.dashboard, log_route=route)
 
 
 def security(tls: TLSConfig):
@@ -331,14 +371,16 @@ def check_shape(handle: ClusterHandle, mode: str, config: ClusterConfig, address
         "workers), --mode vanilla (no exploration), or set cluster.missing_spot: sync.")
 
 
-def open_cluster(config: ClusterConfig, mode: str) -> tuple[ClusterHandle, str]:
-    """The cluster a run uses and the mode it runs in (see :func:`check_shape`)."""
+def open_cluster(config: ClusterConfig, mode: str, *,
+                 log_file: str | Path) -> tuple[ClusterHandle, str]:
+    """The cluster a run uses and the mode it runs in (see :func:`check_shape`); an embedded
+    one logs Dask's own messages to ``log_file``."""
     deadline = None
     if config.scheduler:   # one deadline: the handshake and the wait for the worker classes
         deadline = time.monotonic() + config.connect_timeout_s
         handle = connect(config.scheduler, config, deadline)
     else:
-        handle = start_embedded(config)
+        handle = start_embedded(config, log_file=log_file)
     try:
         return handle, check_shape(handle, mode, config, config.scheduler, deadline)
     except ClusterError:

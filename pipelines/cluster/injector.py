@@ -100,7 +100,8 @@ class SpotFleet:
                 self._next_name += 1
             name = f"spot-{self._next_name}"
             self._next_name += 1
-            cluster.worker_spec[name] = worker_spec(name, SPOT, self.cluster_config)
+            cluster.worker_spec[name] = worker_spec(name, SPOT, self.cluster_config,
+                                                     self.handle.log_file)
             names.append(name)
         self._reap()
         cluster.sync(cluster._correct_state)   # the way SpecCluster.scale starts new workers

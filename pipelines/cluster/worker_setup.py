@@ -83,11 +83,20 @@ def quiet_event_loop(worker) -> None:
 
 
 def dask_setup(worker) -> None:
-    """Preload of the embedded cluster's workers: a terminal's Ctrl-C reaches the whole process
-    group, but only the driver may act on it -- it stops the run, commits what is done and then
-    closes these workers itself (otherwise each would die printing a traceback)."""
+    """Preload of the embedded cluster's workers, before the worker says anything:
+
+    - a terminal's Ctrl-C reaches the whole process group, but only the driver may act on it
+      -- it stops the run, commits what is done and then closes these workers itself
+      (otherwise each would die printing a traceback);
+    - Dask's own messages of this process go to the run's log file that the driver names in
+      the environment, not to the driver's console (:mod:`pipelines.cluster.dask_log`).
+    """
+    from pipelines.cluster.dask_log import LOG_ENV, route_to_file
+
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get(LOG_ENV):
+        route_to_file(os.environ[LOG_ENV], f"worker {getattr(worker, 'name', '?')}")
 
 
 def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True):

@@ -57,7 +57,7 @@ CHANGES_THE_RUN = ("config", "set", "mode", "store", "preempt_trace", "time_scal
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.front.console import ConsoleProgress
+    from pipelines.front.console import ConsoleProgress, dask_log_line
     from pipelines.front.session import Session
 
     if args.dry_run:
@@ -84,6 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     RUNNING["url"] = session.url
     with session:
         print(f"run: {session.url}  mode: {session.mode}")
+        if dask_log_line(session):
+            print(dask_log_line(session))
         print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
         goal = args.iterations if args.iterations is not None else session.config.iterations
         done = session.completed_iterations()

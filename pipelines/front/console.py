@@ -30,6 +30,15 @@ def iteration_line(result: Any) -> str:
             f"{result.wall_s:5.1f}s  cost ${result.cost_total_usd:.4f}{resumed}")
 
 
+def dask_log_line(session: Any) -> str | None:
+    """Where the embedded cluster's own Dask messages go, said once when that is not inside the
+    run (a run on object storage); a run on a local file system keeps them in RUN/logs/."""
+    path = session.dask_log
+    if path is None or session.url.startswith("file://"):
+        return None
+    return f"dask log: {path} (the embedded cluster's own messages)"
+
+
 def preemption_line(kind: str, info: dict) -> str | None:
     """What an operator on spot capacity needs to hear, as it happens (None: nothing to say)."""
     if kind == "dispatch" and info.get("what") == "starved":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.front.console import ConsoleProgress
+from pipelines.front.console import ConsoleProgress, dask_log_line
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
@@ -35,6 +35,8 @@ def run_demo(config: RunConfig, iterations: int | None = None,
           f"iterations={iterations}")
     with Session.from_config(config, store=store, on_event=ConsoleProgress(), progress=True) as session:
         print(f"run store: {session.url}")
+        if dask_log_line(session):
+            print(dask_log_line(session))
         print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
         session.run(iterations)
         driver, results = session.driver, session.results

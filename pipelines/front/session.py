@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import ClusterHandle, check_shape, open_cluster, register_worker_setup
+from pipelines.cluster import (ClusterError, ClusterHandle, check_shape, open_cluster,
+                               register_worker_setup)
+from pipelines.cluster.dask_log import run_log_file
 from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
@@ -80,7 +82,14 @@ class Session:
                                                          default_store_url(config))
         _refuse_existing_run(url)
         check_policy(config)   # weights, dtype, resolution, adapter: before any worker starts
-        cluster, mode = _cluster_for(config, client)   # a wrong address fails before pretraining
+        log = run_log_file(url.url if isinstance(url, RunStore) else url)
+        try:   # a wrong address fails before pretraining
+            cluster, mode = _cluster_for(config, client, log.path)
+        except BaseException as err:
+            if not isinstance(err, ClusterError):   # its Dask log says why the cluster failed
+                log.forget()
+            raise
+        run_store = None
         try:
             base = base_policy(config, progress=progress)   # digits: pretrained, cached
             build_reward(config.reward)            # warm the recogniser cache once, here
@@ -92,6 +101,8 @@ class Session:
             return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
         except BaseException:
             cluster.close()
+            if run_store is None:
+                log.forget()
             raise
 
     @classmethod
@@ -115,7 +126,7 @@ class Session:
         if connect_timeout_s is not None:
             changes["cluster.connect_timeout_s"] = connect_timeout_s
         config = config.with_values(changes)
-        cluster, mode = _cluster_for(config, client)
+        cluster, mode = _cluster_for(config, client, run_log_file(store.url).path)
         try:
             return cls(config, store, cluster, mode, on_event=on_event)
         except BaseException:
@@ -224,6 +235,12 @@ class Session:
         return self.cluster.dashboard_link
 
     @property
+    def dask_log(self) -> Path | None:
+        """The file the embedded cluster's own Dask messages go to (``RUN/logs/dask.log`` for
+        a run on a local file system); None on a cluster this session did not start."""
+        return self.cluster.log_file
+
+    @property
     def url(self) -> str:
         return self.store.url
 
@@ -277,9 +294,9 @@ def _refuse_existing_run(url: str | RunStore) -> None:
                           f"{existing.url}`, or choose a new --store")
 
 
-def _cluster_for(config: RunConfig, client: Any) -> tuple[ClusterHandle, str]:
-    if client is None:
-        handle, mode = open_cluster(config.cluster, config.mode)
+def _cluster_for(config: RunConfig, client: Any, log_file: Path) -> tuple[ClusterHandle, str]:
+    if client is None:   # an embedded cluster's Dask messages go to the run's log file
+        handle, mode = open_cluster(config.cluster, config.mode, log_file=log_file)
     else:
         handle = ClusterHandle(client, owns_client=False)
         address = getattr(getattr(client, "scheduler", None), "address", "") or ""

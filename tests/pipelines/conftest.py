@@ -1,5 +1,12 @@
-"""Pipeline fixtures: a tiny run config (seconds per iteration) as YAML and as a RunConfig."""
+"""Pipeline fixtures: a tiny run config (seconds per iteration) as YAML and as a RunConfig; the
+installed ``spotlight`` command run from outside the repository."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -39,3 +46,38 @@ def tiny_run_yaml(tmp_path):
 @pytest.fixture
 def tiny_run_config(tiny_run_yaml):
     return load_config(tiny_run_yaml)
+
+
+# The console script the venv installed (what a user types), not this checkout's modules.
+SPOTLIGHT = Path(sys.executable).with_name("spotlight")
+
+
+@pytest.fixture
+def outside_repo(tmp_path) -> Path:
+    """A working folder outside the repository, as a user's."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    assert ROOT.resolve() not in folder.resolve().parents
+    return folder
+
+
+def spotlight_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``spotlight ARGS`` through the installed command, run from ``cwd``. Under pytest the
+    repository is on ``sys.path`` of this process and of any cluster it starts, which hid a
+    bench whose workers could not import ``storage``; this process's environment (the test
+    cache included) goes along, ``PYTHONPATH`` does not."""
+    assert SPOTLIGHT.is_file(), f"{SPOTLIGHT} is missing: install the project (make install)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(SPOTLIGHT), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_quick_bench(name: str, args: list[str], cwd: Path, out_json: Path,
+                    timeout: float) -> tuple[dict, subprocess.CompletedProcess]:
+    """``spotlight bench NAME --quick ARGS --json OUT_JSON`` from ``cwd``: it succeeds, and the
+    JSON it writes is the object it prints last."""
+    done = spotlight_cli(["bench", name, "--quick", *args, "--json", str(out_json)], cwd, timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result = json.loads(out_json.read_text())
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == result
+    return result, done

@@ -1,24 +1,21 @@
-"""``spotlight bench storage --quick``: the contract keys, through the real entry point.
+"""``spotlight bench storage --quick``: the contract keys, through the installed command.
 
 Benchmarks measure and tests assert behaviour: no timing thresholds here, only that the
 figures exist and are sane, and that a cut-and-resumed request is bit-identical.
 """
 from __future__ import annotations
 
-import json
 import math
 
-from spotlight import main
+from tests.pipelines.conftest import run_quick_bench
 
 CONTRACT = ("step_compute_s", "overhead_ratio_file", "overhead_ratio_s3", "resume_identical",
             "bytes_per_step", "s3_server_cpu_share", "machine", "wall_s")
 
 
-def test_bench_storage_quick_writes_the_contract(tmp_path, capsys):
-    out = tmp_path / "storage.json"
-    assert main(["bench", "storage", "--quick", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+def test_bench_storage_quick_writes_the_contract(tmp_path, outside_repo):
+    result, _ = run_quick_bench("storage", [], outside_repo, tmp_path / "storage.json",
+                                timeout=400)
     for key in CONTRACT:
         assert key in result, key
     assert result["resume_identical"] is True

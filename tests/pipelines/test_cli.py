@@ -8,6 +8,7 @@ import yaml
 from spotlight.config import PROJECT_ROOT as ROOT
 
 from spotlight import main
+from tests.pipelines.conftest import run_quick_bench, spotlight_cli
 
 TINY = {
     "iterations": 2,
@@ -41,39 +42,38 @@ def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
     assert summary["iterations"] == 2 and [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
 
 
-def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, capsys):
-    out_json = tmp_path / "bench.json"
-    assert main(["bench", "learning", "--quick", "--config", str(tiny_yaml), "--json", str(out_json)]) == 0
-    result = json.loads(out_json.read_text())
+def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, outside_repo):
+    result, _ = run_quick_bench("learning", ["--config", str(tiny_yaml)], outside_repo,
+                                tmp_path / "bench.json", timeout=540)
     for key in ("base_val_reward", "final_val_reward", "val_curve", "iterations", "wall_s",
                 "recognizer_accuracy", "zero_std_group_fraction", "machine"):
         assert key in result, key
     assert result["iterations"] >= 1 and result["recognizer_accuracy"] >= 0.97
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
 
 
-def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path, capfd):
+def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path,
+                                                                outside_repo):
     """Three modes, paired seeds in the harness (2 iterations each), the first seed's cluster
     checks, and spotlight's planner planning on the time the stale check measured: the contract keys, the
     plot, the cluster computing the harness's curve; a second
     call without --resume refuses to overwrite, with --resume it adds a seed and reruns
     nothing it had."""
     out_json = tmp_path / "conv.json"
-    args = ["bench", "convergence", "--quick", "--config", str(tiny_yaml), "--target", "2.0",
-            "--modes", "vanilla,stale,spotlight", "--set", "grpo.lr=0.0001",
-            "--json", str(out_json)]
-    assert main(args + ["--seeds", "1"]) == 0
-    first = json.loads(out_json.read_text())
+    args = ["--config", str(tiny_yaml), "--target", "2.0",
+            "--modes", "vanilla,stale,spotlight", "--set", "grpo.lr=0.0001"]
+    first, _ = run_quick_bench("convergence", args + ["--seeds", "1"], outside_repo, out_json,
+                               timeout=300)
     parts = Path(first["parts"])
     saved = {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")}
     assert set(saved) == {"vanilla-seed0.json", "stale-seed0.json", "spotlight-seed0.json",
                           "cluster-vanilla-seed0.json", "cluster-stale-seed0.json"}
-    capfd.readouterr()
-    assert main(args + ["--seeds", "2"]) == 2   # without --resume: refuses, keeps what it has
-    assert "--resume" in capfd.readouterr().err
+    refused = spotlight_cli(["bench", "convergence", "--quick", *args, "--seeds", "2",
+                             "--json", str(out_json)], outside_repo, timeout=120)
+    assert refused.returncode == 2, refused.stderr   # without --resume: keeps what it has
+    assert "--resume" in refused.stderr
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")} == saved
-    assert main(args + ["--seeds", "2", "--resume"]) == 0
-    result = json.loads(out_json.read_text())
+    result, resumed = run_quick_bench("convergence", args + ["--seeds", "2", "--resume"],
+                                      outside_repo, out_json, timeout=300)
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")
             if p.name in saved} == saved   # seed 0 not rerun
     assert result["seeds"] == 2 and result["seed_list"] == [0, 1]
@@ -97,7 +97,7 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
     assert result["kendall_tau"]["audits"] <= 2   # iteration 1 of each seed had stale candidates
     assert (tmp_path / "conv.png").stat().st_size > 0
     assert result["overrides"] == {"grpo.lr": 1e-4}
-    assert "stale     seed 1 iter   1" in capfd.readouterr().out
+    assert "stale     seed 1 iter   1" in resumed.stdout
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path, capsys):

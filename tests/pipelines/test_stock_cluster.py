@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.pipelines.conftest import TINY_RUN
+from tests.pipelines.conftest import TINY_RUN, run_quick_bench
 
 pytestmark = pytest.mark.timeout(420)
 CLI = [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))"]
@@ -189,15 +189,10 @@ def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):
     assert {ip for ip, _ in seen} == {"127.0.0.1"}, seen
 
 
-def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(tiny_yaml, tmp_path):
-    from pipelines.front.cli import main
-
-    out = tmp_path / "stock.json"
-    assert main(["bench", "stock-workers", "--quick", "--config", str(tiny_yaml),
-                 "--json", str(out)]) == 0
-    import json
-
-    result = json.loads(out.read_text())
+def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(tiny_yaml, tmp_path,
+                                                                               outside_repo):
+    result, _ = run_quick_bench("stock-workers", ["--config", str(tiny_yaml)], outside_repo,
+                                tmp_path / "stock.json", timeout=400)
     for key in ("embedded_s_per_iteration", "stock_s_per_iteration", "stock_over_embedded",
                 "identical_rewards", "machine", "wall_s"):
         assert key in result, key
