@@ -113,7 +113,9 @@ def test_an_idle_gpu_worker_reruns_a_straggling_spot_request_and_the_first_answe
     assert d.requests["r0"].state is RequestState.DONE and not d.workers["spot-0"].running
 
 
-def test_losing_one_twin_requeues_nothing_and_losing_both_does():
+def twins() -> Dispatcher:
+    """r0 runs on a slow spot worker (attempt 1) and, re-run as a straggler, on an idle gpu
+    worker (attempt 2)."""
     d = Dispatcher(offload=Offload(speculate_on=("gpu",), margin_s=0.5))
     d.handle(WorkerJoined("spot-0", cls="spot"))
     d.handle(RequestSubmitted("warm"))
@@ -122,6 +124,11 @@ def test_losing_one_twin_requeues_nothing_and_losing_both_does():
     d.handle(WorkerJoined("gpu-0", cls="gpu"))
     d.handle(RequestSubmitted("gwarm"))
     d.handle(RequestDone("gwarm", 1, seconds=2.0))
+    return d
+
+
+def test_losing_one_twin_requeues_nothing_and_losing_both_does():
+    d = twins()
     assert len(d.requests["r0"].live) == 2
     out = d.handle(WorkerLost("spot-0"))                    # the spot worker vanishes
     assert not [a for a in out if isinstance(a, Requeued)] and d.requests["r0"].worker == "gpu-0"
@@ -133,14 +140,7 @@ def test_losing_one_twin_requeues_nothing_and_losing_both_does():
 
 
 def test_a_twin_overtaken_in_the_store_stops_without_counting_as_a_preemption():
-    d = Dispatcher(offload=Offload(speculate_on=("gpu",), margin_s=0.5))
-    d.handle(WorkerJoined("spot-0", cls="spot"))
-    d.handle(RequestSubmitted("warm"))
-    d.handle(RequestDone("warm", 1, seconds=8.0))
-    d.handle(RequestSubmitted("r0"))
-    d.handle(WorkerJoined("gpu-0", cls="gpu"))
-    d.handle(RequestSubmitted("gwarm"))
-    d.handle(RequestDone("gwarm", 1, seconds=2.0))
+    d = twins()
     assert sorted(d.requests["r0"].live.values()) == ["gpu-0", "spot-0"]
     out = d.handle(AttemptOvertaken("r0", 2, step=5))   # the gpu twin found spot-0 ahead
     assert not [a for a in out if isinstance(a, Requeued)]
