@@ -15,8 +15,8 @@ from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 from pipelines.parallel.serve import GroupServer, after_committed, denoise_requests, kill_when
 
-pytestmark = pytest.mark.timeout(600)
-STEPS = 40
+pytestmark = pytest.mark.timeout(900)
+STEPS = 24
 WORKERS = 4
 
 

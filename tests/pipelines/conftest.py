@@ -77,7 +77,8 @@ def run_quick_bench(name: str, args: list[str], cwd: Path, out_json: Path,
     """``spotlight bench NAME --quick ARGS --json OUT_JSON`` from ``cwd``: it succeeds, and the
     JSON it writes is the object it prints last."""
     done = spotlight_cli(["bench", name, "--quick", *args, "--json", str(out_json)], cwd, timeout)
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, \
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     result = json.loads(out_json.read_text())
     assert json.loads(done.stdout.strip().splitlines()[-1]) == result
     return result, done

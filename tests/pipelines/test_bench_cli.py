@@ -12,10 +12,8 @@ import math
 
 import pytest
 
-import yaml
-
 from pipelines.bench import BENCHES, load_benches
-from tests.pipelines.conftest import TINY_RUN, run_quick_bench, spotlight_cli
+from tests.pipelines.conftest import run_quick_bench, spotlight_cli
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -26,13 +24,6 @@ ELSEWHERE = {
     "storage": "tests/pipelines/test_bench_storage.py",
 }
 HERE = ("overhead", "preemption", "simulate", "sp")
-
-
-@pytest.fixture
-def tiny_yaml(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY_RUN))
-    return path
 
 
 def test_every_registered_bench_has_a_quick_cli_test():
@@ -54,8 +45,9 @@ def test_bench_sp_quick_from_outside_the_repository(tmp_path, outside_repo):
     assert "distributed." not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
-def test_bench_overhead_quick_from_outside_the_repository(tiny_yaml, tmp_path, outside_repo):
-    result, _ = run_quick_bench("overhead", ["--config", str(tiny_yaml)], outside_repo,
+def test_bench_overhead_quick_from_outside_the_repository(tiny_run_yaml, tmp_path,
+                                                          outside_repo):
+    result, _ = run_quick_bench("overhead", ["--config", str(tiny_run_yaml)], outside_repo,
                                 tmp_path / "overhead.json", timeout=540)
     for key in ("inprocess_s", "dask_s", "overhead_ratio", "exploration_overlap",
                 "critical_path_ratio", "machine", "wall_s"):
@@ -64,14 +56,11 @@ def test_bench_overhead_quick_from_outside_the_repository(tiny_yaml, tmp_path, o
     assert (tmp_path / "overhead.timeline.png").stat().st_size > 0
 
 
-def test_bench_preemption_quick_from_outside_the_repository(tiny_yaml, tmp_path, outside_repo):
-    # Two heads: the bench's SP scenario forms pairs, and a pair splits the heads. --set wins
-    # over the batch --quick sets (sized for the shipped model).
-    shrink = {"model.num_attention_heads": 2, "grpo.prompts_per_iteration": 2,
-              "exploration.candidates": 4, "exploration.request_batch": 2,
-              "validation.max_prompts": 4}
-    args = ["--config", str(tiny_yaml), "--iterations", "2"]
-    args += [a for key, value in shrink.items() for a in ("--set", f"{key}={value}")]
+def test_bench_preemption_quick_from_outside_the_repository(tiny_run_yaml, tmp_path,
+                                                            outside_repo):
+    # Two heads: the bench's SP scenario forms pairs, and a pair splits the heads.
+    args = ["--config", str(tiny_run_yaml), "--iterations", "2",
+            "--set", "model.num_attention_heads=2"]
     result, done = run_quick_bench("preemption", args, outside_repo,
                                    tmp_path / "preemption.json", timeout=540)
     for key in ("requests_total", "requests_lost", "identical_to_clean", "preemptions",
@@ -83,14 +72,16 @@ def test_bench_preemption_quick_from_outside_the_repository(tiny_yaml, tmp_path,
     assert "Traceback" not in done.stderr and "distributed." not in done.stderr, done.stderr
 
 
-def test_bench_simulate_quick_from_outside_the_repository(tiny_yaml, tmp_path, outside_repo):
+def test_bench_simulate_quick_from_outside_the_repository(tiny_run_yaml, tmp_path,
+                                                          outside_repo):
     """Validated against a tiny run made with `spotlight run` (its own measured run would be
     the shipped digits config, minutes to pretrain in the tests' fresh cache)."""
     run = tmp_path / "measured"
     # Two iterations after the first without validation (the last validates): one calibrates
     # the driver's seconds for the other.
-    made = spotlight_cli(["run", "--config", str(tiny_yaml), "--store", str(run), "--iterations",
-                          "4", "--set", "validation.every=1000"], outside_repo, timeout=300)
+    made = spotlight_cli(["run", "--config", str(tiny_run_yaml), "--store", str(run),
+                          "--iterations", "4", "--set", "validation.every=1000"],
+                         outside_repo, timeout=300)
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     assert (run / "logs" / "dask.log").stat().st_size > 0   # the run keeps Dask's messages
     result, _ = run_quick_bench("simulate", ["--run", str(run)], outside_repo,
