@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipelines.bench import register_bench, write_result
+from pipelines.bench.registry import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
 from pipelines.bench.paired import (Job, PairedPlan, PairedStore, cluster_part, planned_ratio,
                                     run_jobs, session_mode)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.bench import machine
+from pipelines.bench.registry import machine
 from pipelines.bench.paired import cluster_part, planned_ratio
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from pipelines.bench import machine, register_bench
+from pipelines.bench.registry import machine, register_bench
 from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config, shipped_config
 from spotlight.rewards.geneval import strict_scores

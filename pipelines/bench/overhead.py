@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipelines.run import tasks
 from pipelines.run.rollout import rollout_task
-from pipelines.bench import machine, register_bench, write_result
+from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.front.session import Session
 from pipelines.front.timeline import (CRITICAL_STAGES, idle_share, overlap_fraction,
                                       plot_timeline, stage_spans)

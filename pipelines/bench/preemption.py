@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.bench import machine, register_bench
+from pipelines.bench.registry import machine, register_bench
 from pipelines.cluster import SPOT
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config

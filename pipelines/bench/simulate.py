@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.bench import machine, register_bench, write_result
+from pipelines.bench.registry import machine, register_bench, write_result
 from spotlight.config import load_config, shipped_config
 from spotlight.sim.config import CLOUDS, load_sim_config
 from spotlight.sim.replay import RecordedIteration, validate_replay

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from pipelines.bench import machine, register_bench
+from pipelines.bench.registry import machine, register_bench
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 

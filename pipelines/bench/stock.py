@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.bench import machine, register_bench
+from pipelines.bench.registry import machine, register_bench
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from pipelines.bench import machine, register_bench
+from pipelines.bench.registry import machine, register_bench
 from spotlight.config import load_config, shipped_config
 from storage import LatentSink, RunStore, StorageConfig
 
