@@ -18,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -247,12 +248,29 @@ class LatentSink:
         for item in due:
             record = self._streams[(item.stage, item.request)].record
             record["step"], record["updated_at"] = item.step, time.time()
-        self._parallel(due, lambda it: self.streams.write_commit(
-            it.stage, it.request, self._streams[(it.stage, it.request)].record))
+        self._parallel(due, self._write_marker)
         self._parallel([it for it in due if it.step >= it.num_steps],
                        lambda it: self.streams.seal(it.stage, it.request))
         for item in due:
             del self._uncovered[(item.stage, item.request)]
+
+    def _write_marker(self, item: _Item) -> None:
+        """Write a request's marker unless another attempt's marker already covers its step.
+
+        Two attempts of a request may stream at once (a straggler's speculative twin). The
+        one behind must not move the marker back over the other's steps -- if it were then
+        killed, the request would read as unfinished after its result was accepted. Checking
+        before writing leaves only the moment between the read and the write (fencing
+        attempts closes it)."""
+        record = self._streams[(item.stage, item.request)].record
+        stored = self.streams.commit_record(item.stage, item.request)
+        if stored is not None and stored.get("attempt") != record["attempt"] \
+                and int(stored["step"]) >= item.step:
+            raise StreamOvertakenError(
+                f"another attempt has committed through step {stored['step']} while this one "
+                f"was at step {item.step}; this attempt stops, the request goes on from step "
+                f"{stored['step']}")
+        self.streams.write_commit(item.stage, item.request, record)
 
     def _parallel(self, items: list[_Item], fn: Any) -> None:
         """Run ``fn`` on every item concurrently; raise the first failure in item order."""
@@ -292,7 +310,7 @@ class LatentSink:
             "request": item.request, "stage": item.stage, "step": last,
             "num_steps": item.num_steps, "weights_version": item.weights_version,
             "shape": list(item.latent.shape), "dtype": str(item.latent.dtype),
-            "resumes": resumes})
+            "resumes": resumes, "attempt": uuid.uuid4().hex})
 
 
 class _ItemError(Exception):

@@ -115,6 +115,27 @@ def test_an_attempt_overtaken_by_its_twin_stops_and_leaves_the_twins_steps(store
     assert after.step == 6 and after.latent.tobytes() == ahead.latent.tobytes()
 
 
+def test_a_twin_behind_never_moves_the_marker_back(store_config):
+    """A slow attempt has committed step 4; its twin resumes from there and finishes the
+    request; then the slow one commits step 5 and is stopped (a spot worker's notice). The
+    marker must still say the request is finished: a stage that accepted the twin's result
+    reads all its steps."""
+    store = RunStore.open(store_config)
+    slow = store.latent_sink(STAGE)
+    run_request(slow, "r", seed=5, num_steps=8, stop=4)
+    slow.flush()
+    latent = store.resume_point(STAGE, "r").latent
+    with store.latent_sink(STAGE) as fast:
+        run_request(fast, "r", seed=5, num_steps=8, start=store.resume_point(STAGE, "r"))
+    slow.commit("r", 5, toy_step(latent, 5, 4), num_steps=8, weights_version=3)
+    with pytest.raises(StreamOvertakenError, match="committed through step 8 while this one "
+                                                   "was at step 5"):
+        slow.flush()
+    slow.close(raise_errors=False)
+    assert store.latents.committed_step(STAGE, "r") == 8
+    assert store.read_trajectory(STAGE, "r").shape == (9, *SHAPE)
+
+
 def test_half_written_chunk_is_not_committed(store_config):
     store = RunStore.open(store_config)
     with store.latent_sink(STAGE) as sink:
