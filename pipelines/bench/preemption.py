@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.bench.registry import machine, register_bench
+from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.cluster import SPOT
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
@@ -312,9 +312,9 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     summaries = [d["summary"] for d in chaos["dispatch"]]
     total = sum(s["requests"] for s in summaries)
     wall = lambda run: float(np.mean([r.wall_s for r in run["results"]]))   # noqa: E731
-    return {
-        "bench": "preemption", "config": cfg.source, "iterations": iterations,
-        "trace": str(trace_path), "time_scale": scale,
+    result = {
+        "bench": "preemption", "complete": False, "config": cfg.source,
+        "iterations": iterations, "trace": str(trace_path), "time_scale": scale,
         "longest_outage_s": outage, "no_spot_wait_s": wait,
         "requests_total": total,
         "requests_lost": total - sum(s["finished"] for s in summaries),
@@ -328,7 +328,15 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         "iteration_time_inflation": wall(chaos) / wall(clean),
         "iteration_s": {"clean": [r.wall_s for r in clean["results"]],
                         "chaos": [r.wall_s for r in chaos["results"]]},
-        "balance": balance(cfg, str(root / "balance")),
-        "sp": sp_scenario(cfg, trace_path, root, iterations, scale),
-        "runs": str(root), "wall_s": time.monotonic() - started, "machine": machine(),
+        "runs": str(root), "machine": machine(),
     }
+    # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
+    scenarios = {"balance": lambda: balance(cfg, str(root / "balance")),
+                 "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
+    for name, scenario in scenarios.items():
+        result["wall_s"] = time.monotonic() - started
+        if json_path:
+            write_result(result, json_path)
+        result[name] = scenario()
+    result.update(complete=True, wall_s=time.monotonic() - started)
+    return result
