@@ -115,8 +115,7 @@ class SPGroups:
         is re-formed without it meanwhile. True if one was found."""
         from distributed import wait
 
-        futures = {m: self.client.submit(executor.holds, workers=[m], pure=False,
-                                         allow_other_workers=False) for m in group.members}
+        futures = self._ask_holds(group.members)
         # A member still blocked in the failed request's collective answers late: judge by
         # those that answer within the grace.
         try:
@@ -124,13 +123,25 @@ class SPGroups:
         except TimeoutError:
             pass
         _check_pinned(self.client, list(futures.values()), set(group.members))
-        holds = {m: f.result() for m, f in futures.items() if f.status == "finished"}
-        wrong = [WeightsNotHeld(m, v) for m, v in holds.items() if v != self.membership.version]
+        wrong = self._not_held({m: f.result() for m, f in futures.items()
+                                if f.status == "finished"})
         for event in wrong:
-            self.log.append({"action": "not-held", "executor": event.executor,
-                             "holds": event.holds, "wanted": self.membership.version})
             self._carry_out(self.membership.handle(event))
         return bool(wrong)
+
+    def _ask_holds(self, members) -> dict:
+        """Each member's future answering which weights version it holds."""
+        return {m: self.client.submit(executor.holds, workers=[m], pure=False,
+                                      allow_other_workers=False) for m in sorted(members)}
+
+    def _not_held(self, holds: dict[str, int]) -> list[WeightsNotHeld]:
+        """The members whose answer is not the current version (logged): they copy again."""
+        version = self.membership.version
+        wrong = [WeightsNotHeld(m, v) for m, v in holds.items() if v != version]
+        for event in wrong:
+            self.log.append({"action": "not-held", "executor": event.executor,
+                             "holds": event.holds, "wanted": version})
+        return wrong
 
     def forward(self, group: Group, inputs: dict):
         """One SP forward of ``inputs`` on ``group``: the whole output."""
@@ -249,16 +260,12 @@ class SPGroups:
         started = time.perf_counter()
         version = self.membership.version
         members = {m for g in groups for m in g.members}
-        held = {m: self.client.submit(executor.holds, workers=[m], pure=False,
-                                      allow_other_workers=False) for m in sorted(members)}
+        held = self._ask_holds(members)
         rendezvous = [self.client.submit(executor.open_rendezvous, workers=[g.members[0]],
                                          pure=False, allow_other_workers=False) for g in groups]
         answers = self._await(list(held.values()) + rendezvous, members)
         holds = dict(zip(held, answers))
-        refused = [WeightsNotHeld(m, v) for m, v in holds.items() if v != version]
-        for event in refused:
-            self.log.append({"action": "not-held", "executor": event.executor,
-                             "holds": event.holds, "wanted": version})
+        refused = self._not_held(holds)
         ready = [(g, place) for g, place in zip(groups, answers[len(held):])
                  if all(holds[m] == version for m in g.members)]
         joins = []
