@@ -60,7 +60,7 @@ class DigitNet(nn.Module):
 
 @dataclass
 class Recognizer:
-    """A trained ``DigitNet`` with its held-out accuracy; ``classify`` is the only entry point."""
+    """A trained ``DigitNet`` with its held-out accuracy; read with ``classify`` or ``probabilities``."""
 
     model: DigitNet
     accuracy: float
@@ -72,20 +72,29 @@ class Recognizer:
         """Labels (int64) and softmax confidences (float64) of ``(N, 3, PATCH, PATCH)`` patches."""
         return classify(self.model, patches)
 
+    def probabilities(self, patches: np.ndarray) -> np.ndarray:
+        """Each patch's softmax over the ten digits, (N, 10) float64."""
+        return probabilities(self.model, patches)
 
-@torch.no_grad()
+
 def classify(model: DigitNet, patches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Labels (int64) and softmax confidences (float64) of ``(N, 3, PATCH, PATCH)`` patches."""
+    probs = probabilities(model, patches)
+    return probs.argmax(axis=1).astype(np.int64), probs.max(axis=1)
+
+
+@torch.no_grad()
+def probabilities(model: DigitNet, patches: np.ndarray) -> np.ndarray:
+    """Softmax over the ten digits (float64, (N, 10)) of ``(N, 3, PATCH, PATCH)`` patches."""
     patches = np.asarray(patches, np.float32)
     if patches.ndim != 4 or patches.shape[1:] != (3, PATCH, PATCH):
         raise ValueError(f"classify expects patches of shape (N, 3, {PATCH}, {PATCH}), "
                          f"got {patches.shape}; crop them with spotlight.rewards.detect")
     if len(patches) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return np.zeros((0, 10), np.float64)
     model.eval()
     probs = torch.softmax(model(torch.from_numpy(np.clip(patches, 0.0, 1.0))), dim=1)
-    confidence, labels = probs.max(dim=1)
-    return labels.numpy().astype(np.int64), confidence.numpy().astype(np.float64)
+    return probs.numpy().astype(np.float64)
 
 
 def random_inks(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -36,10 +36,45 @@ TINY_RUN = {
 }
 
 
+# What the fixtures run. Reading a string is all or nothing and a 3-step pretrained model writes
+# none: with plain OCR every reward was 0, no weight moved, and equality checks compared zeros.
+# (TINY_RUN itself keeps plain OCR: the digits pin's recorder builds its scenario on it, and
+# the pin's cache key covers the recorder.)
+TINY_WORLD = {**TINY_RUN, "reward": {"name": "ocr-dense"}}
+
+
+@pytest.fixture(scope="session")
+def tiny_world_learns(tmp_path_factory) -> None:
+    """The tiny world is not flat: one iteration of it (in process) gives every group rewards
+    that differ and moves the weights. Checked once per session, before any test that relies
+    on it -- a comparison of two runs of a flat world cannot fail."""
+    import numpy as np
+    import torch
+
+    from pipelines.run.harness import Harness
+    from pipelines.run.tasks import stage_name
+
+    path = tmp_path_factory.mktemp("tiny-world") / "tiny-run.yaml"
+    path.write_text(yaml.safe_dump(TINY_WORLD))
+    harness = Harness(load_config(path), "vanilla", base_val_reward=0.0)
+    try:
+        harness.run_iterations(1)
+        rewards = harness.store.get_arrays(stage_name(0, "reward"), "reward")["rewards"]
+        before = harness.store.load_checkpoint(0).weights
+        after = harness.store.load_checkpoint(1).weights
+    finally:
+        harness.close()
+    assert (np.std(rewards, axis=1) > 0).all(), \
+        f"the tiny world's rewards are flat in a group: {rewards}"
+    moved = max(float((after[k].float() - before[k].float()).abs().max()) for k in after
+                if torch.is_floating_point(after[k]))
+    assert moved > 0, "training the tiny world moved no weight"
+
+
 @pytest.fixture
-def tiny_run_yaml(tmp_path):
+def tiny_run_yaml(tmp_path, tiny_world_learns):
     path = tmp_path / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_RUN))
+    path.write_text(yaml.safe_dump(TINY_WORLD))
     return path
 
 

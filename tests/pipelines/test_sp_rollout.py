@@ -19,13 +19,13 @@ SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_pr
 
 
 @pytest.fixture(scope="module")
-def run_yaml(tmp_path_factory):
+def run_yaml(tmp_path_factory, tiny_world_learns):
     import yaml
 
-    from tests.pipelines.conftest import TINY_RUN
+    from tests.pipelines.conftest import TINY_WORLD
 
     path = tmp_path_factory.mktemp("sp-runs") / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_RUN))
+    path.write_text(yaml.safe_dump(TINY_WORLD))
     return path
 
 

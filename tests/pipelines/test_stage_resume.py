@@ -40,13 +40,13 @@ def clean(tiny_run_config_module, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_run_config_module(tmp_path_factory):
+def tiny_run_config_module(tmp_path_factory, tiny_world_learns):
     import yaml
 
     from spotlight.config import load_config
-    from tests.pipelines.conftest import TINY_RUN
+    from tests.pipelines.conftest import TINY_WORLD
 
-    run = dict(TINY_RUN, fidelity={"audit_every": 1, "audit_prompts": 2, "audit_candidates": 3})
+    run = dict(TINY_WORLD, fidelity={"audit_every": 1, "audit_prompts": 2, "audit_candidates": 3})
     path = tmp_path_factory.mktemp("cfg") / "tiny.yaml"
     path.write_text(yaml.safe_dump(run))
     return load_config(path)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.pipelines.conftest import TINY_RUN, run_quick_bench
+from tests.pipelines.conftest import TINY_WORLD, run_quick_bench
 
 pytestmark = pytest.mark.timeout(420)
 CLI = [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))"]
@@ -28,9 +28,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def tiny_yaml(tmp_path):
+def tiny_yaml(tmp_path, tiny_world_learns):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY_RUN))
+    path.write_text(yaml.safe_dump(TINY_WORLD))
     return path
 
 

@@ -73,3 +73,29 @@ def test_ocr_reward_prefers_the_prompted_string(recognizer: Recognizer) -> None:
     assert shifted.mean() < matched.mean() - 0.4
     blank = reward(np.zeros_like(images[:1]), [Prompt("a sign", "ocr", target="407")])
     assert blank.tolist() == [0.0]
+
+
+def test_dense_ocr_ranks_canvases_that_plain_ocr_scores_alike(recognizer: Recognizer) -> None:
+    """Plain OCR gives every illegible canvas 0; the dense reward still orders them by how much
+    the target's glyphs show where the world writes them, and agrees with OCR on legible ones."""
+    dense = build_reward(RewardConfig(name="ocr-dense"))
+    plain = build_reward(RewardConfig(name="ocr"))
+    rng = np.random.default_rng(3)
+    prompts = [random_ocr_prompt(rng) for _ in range(16)]
+    clean = np.stack([render_ocr(p.target, 12, 32, rng) for p in prompts])
+    assert np.all(dense(clean, prompts) > 0.9) and np.all(plain(clean, prompts) >= 0.9)
+    # Faded towards noise: unreadable, so OCR is 0, but the fainter the glyphs the lower.
+    noise = rng.random(clean.shape).astype(np.float32) * 0.25
+    faint = [np.clip(a * clean + noise, 0, 1) for a in (0.0, 0.025, 0.05)]
+    assert [plain(f, prompts).max() for f in faint] == [0.0, 0.0, 0.0]
+    means = [dense(f, prompts).mean() for f in faint]
+    assert means[0] < means[1] < means[2], means
+    scores = dense(faint[0], prompts)
+    assert len(set(scores.round(12).tolist())) == len(scores)   # no two tie
+    assert np.all((scores >= 0) & (scores <= 0.25))           # the dense part's share
+
+
+def test_dense_ocr_refuses_what_ocr_refuses() -> None:
+    dense = build_reward(RewardConfig(name="ocr-dense"))
+    with pytest.raises(ValueError, match="expects canvases of shape"):
+        dense(np.zeros((2, 12, 32), np.float32), [Prompt("a", "ocr", target="1")] * 2)
