@@ -23,13 +23,12 @@ from pipelines.run.rollout import newcomer_warm_up, pulled
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
 from spotlight.config import RunConfig
-from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration import Selection, core
 from spotlight.exploration.selection import random_group_std, seed_source
 from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonitor, audit_due,
-                                            audit_picks, grouped_kendall_tau)
+                                            grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_window_s
 from spotlight.models.prompts import Prompt
-from spotlight.rl.trainer import random_seeds
 from storage import RunStore
 
 
@@ -58,29 +57,27 @@ def explore_window(config: RunConfig, mode: str | None = None) -> str:
     return "train" if pulled(rollout) and shared else config.exploration.window
 
 
-def candidate_seeds(run_seed: int, iteration: int, prompts: int, candidates: int) -> np.ndarray:
-    """The N candidate seeds of each prompt explored for ``iteration`` (deterministic)."""
-    return random_seeds(run_seed + 7919, iteration, prompts, candidates)
-
-
 def explore_requests(config: RunConfig, iteration: int, prompts: list[Prompt], version: int,
                      stage: str, candidates: int,
                      steps: int | None = None) -> list[tasks.ExploreRequest]:
     """The requests exploring ``prompts`` of ``iteration`` with weights ``version``: one per
     prompt and ``exploration.request_batch`` candidates (fixed shapes, wherever they run)."""
-    seeds = candidate_seeds(config.seed, iteration, len(prompts), candidates)
+    seeds = core.candidate_seeds(config.seed, iteration, len(prompts), candidates)
     batch = config.exploration.request_batch
     return [tasks.ExploreRequest(iteration, p, prompt, seeds[p, lo:lo + batch], chunk, version,
                                  stage, steps)
             for p, prompt in enumerate(prompts)
-            for chunk, lo in enumerate(range(0, candidates, batch))]
+            for chunk, lo in core.request_chunks(candidates, batch)]
 
 
-def random_selection(config: RunConfig, iteration: int, prompts: int) -> Selection:
-    """Fresh random seeds for an iteration that did not explore (nothing explored or filled)."""
-    seeds = random_seeds(config.seed, iteration, prompts, config.grpo.group_size)
-    return Selection(seeds, np.zeros(len(seeds), int), np.zeros(len(seeds), int),
-                     np.full(seeds.shape, np.nan))
+def scored(out: dict) -> core.Scored:
+    """An exploration task's output as the core reads it."""
+    return core.Scored(out["prompt_index"], out["chunk"], out["seeds"], out["rewards"])
+
+
+def per_prompt_of(candidates: dict) -> core.PerPrompt:
+    """The candidates of a stage's ``candidates.json``, per prompt."""
+    return list(zip(candidates["seeds"], candidates["rewards"]))
 
 
 class Exploration:
@@ -207,10 +204,7 @@ class Exploration:
         """Collect finished exploration requests and record them; select seeds for ``iteration``."""
         finished, cancelled, dispatch = self.collect(work, stage)
         prompts = self.run.prompts(iteration)
-        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
-        for out in sorted(finished, key=lambda o: (o["prompt_index"], o["chunk"])):
-            per_prompt[out["prompt_index"]][0].extend(out["seeds"].tolist())
-            per_prompt[out["prompt_index"]][1].extend(out["rewards"].tolist())
+        per_prompt = core.gather([scored(out) for out in finished], len(prompts))
         self.run.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
             "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
             "tasks": [o["record"] for o in finished], "dispatch": dispatch})
@@ -224,12 +218,13 @@ class Exploration:
             summary.get("preemptions_graceful", 0)))
         return self._select(iteration, per_prompt, stage) if select else None
 
-    def _select(self, iteration: int, per_prompt: list[tuple[list, list]],
+    def _select(self, iteration: int, per_prompt: core.PerPrompt | None,
                 source: str) -> Selection:
-        grpo = self.config.grpo
-        fresh = random_seeds(self.config.seed, iteration, len(per_prompt), grpo.group_size)
-        selection = select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt],
-                                 grpo.group_size, fresh)
+        """The seeds of ``iteration`` from ``source`` (the core decides), recorded."""
+        cfg = self.config
+        selection = core.selection_of("sync" if source == "explore-sync" else source, cfg.seed,
+                                      iteration, cfg.grpo.prompts_per_iteration,
+                                      cfg.grpo.group_size, per_prompt)
         return self._record_selection(iteration, selection, source)
 
     def _record_selection(self, iteration: int, selection: Selection, source: str) -> Selection:
@@ -262,15 +257,9 @@ class Exploration:
         source = seed_source(run.mode, self.trusting, cfg.fidelity.fallback, explored)
         if source == "sync":
             return self._explore_now(iteration)
+        # explore: explored, not yet selected (a resumed driver); fallback-random: the first G
         stale = self.stale_candidates(iteration) if explored else None
-        if source == "explore":   # explored, not yet selected (a resumed driver)
-            return self._select(iteration, list(zip(stale["seeds"], stale["rewards"])), "explore")
-        if source == "fallback-random":
-            group = cfg.grpo.group_size
-            per_prompt = [(s[:group], r[:group]) for s, r in zip(stale["seeds"], stale["rewards"])]
-            return self._select(iteration, per_prompt, "fallback-random")
-        selection = random_selection(cfg, iteration, cfg.grpo.prompts_per_iteration)
-        return self._record_selection(iteration, selection, "random")
+        return self._select(iteration, per_prompt_of(stale) if stale else None, source)
 
     def _explore_now(self, iteration: int) -> Selection:
         """Synchronous exploration with the current weights on gpu workers (sync, fallback)."""
@@ -377,16 +366,14 @@ class Exploration:
         fidelity = self.config.fidelity
         if stale is None or not audit_due(k, fidelity.audit_every):
             return []
-        picks = audit_picks(self.config.seed, k, [len(s) for s in stale["seeds"]],
-                            fidelity.audit_prompts, fidelity.audit_candidates)
+        picks = core.audit_candidates(self.config.seed, k, per_prompt_of(stale),
+                                      fidelity.audit_prompts, fidelity.audit_candidates)
         prompts = self.run.prompts(k)
-        # The same replay steps as the stale exploration, so the audit isolates staleness.
         plan = self.run.log.get(k, "plan")
-        steps = plan.as_plan.steps if plan is not None else None
-        requests = [self.explore_spec(tasks.ExploreRequest(
-                        k, p, prompts[p], np.asarray([stale["seeds"][p][c] for c in cs]), 0, k,
-                        "audit", steps))
-                    for p, cs in picks]
+        steps = core.audit_steps(plan.as_plan if plan is not None else None)
+        requests = [self.explore_spec(tasks.ExploreRequest(k, p, prompts[p], seeds, 0, k,
+                                                           "audit", steps))
+                    for p, seeds in picks]
         return self.dispatch(requests, self.classes(True), "audit") if requests else []
 
     def finish_audit(self, k: int, work) -> float | None:
@@ -397,21 +384,15 @@ class Exploration:
         outs, _, _ = self.collect(work, "audit")
         if not outs:
             return None   # no spot worker ran it (the pool said why)
-        stale = self.stale_candidates(k)
-        xs, ys = [], []
-        for out in outs:
-            scored = dict(zip(stale["seeds"][out["prompt_index"]],
-                              stale["rewards"][out["prompt_index"]]))
-            xs.append([scored[int(s)] for s in out["seeds"]])
-            ys.append(out["rewards"].tolist())
-        tau = grouped_kendall_tau(xs, ys)
-        tau = None if np.isnan(tau) else float(tau)
+        audit = core.audit_tau(per_prompt_of(self.stale_candidates(k)),
+                               [scored(out) for out in outs])
         self.run.store.put_json(tasks.stage_name(k, "audit"), "audit", {
             "seeds": [o["seeds"].tolist() for o in outs],
             "prompt_index": [o["prompt_index"] for o in outs],
-            "stale": xs, "fresh": ys, "kendall_tau": tau, "tasks": [o["record"] for o in outs]})
-        self.run.log.record(k, "audit", AuditResult(tau))
-        return tau
+            "stale": audit.stale, "fresh": audit.fresh, "kendall_tau": audit.kendall_tau,
+            "tasks": [o["record"] for o in outs]})
+        self.run.log.record(k, "audit", AuditResult(audit.kendall_tau))
+        return audit.kendall_tau
 
     def observe(self, k: int, audit_tau: float) -> FidelityDecision:
         """Feed the monitor one audit τ: it decides whether the stale ranking is trusted."""

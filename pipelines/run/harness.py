@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.run.exploration import explore_requests, random_selection
+from pipelines.run.exploration import explore_requests, scored
 from pipelines.run.rollout import rollout_task
 from spotlight.config import ConfigError, RunConfig
-from spotlight.exploration import Selection, select_seeds
+from spotlight.exploration import Selection, core
 from spotlight.exploration.selection import random_group_std, seed_source
-from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due, audit_picks,
+from spotlight.exploration.fidelity import (RankFidelityMonitor, audit_due,
                                             grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, plan_cost
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import Prompt, world_prompts
-from spotlight.rl.trainer import iteration_prompts, random_seeds
+from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
 
 HARNESS_MODES = ("vanilla", "sync", "spotlight", "rlboost")
@@ -111,7 +111,8 @@ class Harness:
         self.train_prompts = world_prompts(self.config, "train")
         self.val_prompts = world_prompts(self.config, "val")
         self.monitor = RankFidelityMonitor(self.config.fidelity)
-        self.stale: dict[int, list[tuple[list, list]]] = {}   # iteration -> per prompt
+        self.stale: dict[int, core.PerPrompt] = {}   # iteration -> the candidates θ_k-1 scored
+        self.audits: dict[int, core.Audit] = {}      # iteration -> its audit's scores and τ
         self.last_val_rewards: np.ndarray | None = None
         base = self.validate(0) if base_val_reward is None else float(base_val_reward)
         self.run = HarnessRun(mode, self.config.seed, base)
@@ -204,20 +205,9 @@ class Harness:
         source = seed_source(self.mode, self.monitor.state != "fallback", cfg.fidelity.fallback,
                              stale is not None)
         if source == "sync":
-            return self.select(k, self.explore(k, k, cfg.exploration.candidates, "explore-sync")
-                               ), source
-        if source == "explore":
-            return self.select(k, stale), source
-        if source == "fallback-random":   # the first G candidates were drawn at random
-            group = cfg.grpo.group_size
-            return self.select(k, [(s[:group], r[:group]) for s, r in stale]), source
-        return random_selection(cfg, k, len(prompts)), source
-
-    def select(self, k: int, per_prompt: list[tuple[list, list]]) -> Selection:
-        group = self.config.grpo.group_size
-        fresh = random_seeds(self.config.seed, k, len(per_prompt), group)
-        return select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt], group,
-                            fresh)
+            stale = self.explore(k, k, cfg.exploration.candidates, "explore-sync")
+        return core.selection_of(source, cfg.seed, k, len(prompts), cfg.grpo.group_size,
+                                 stale), source
 
     def explore(self, iteration: int, version: int, candidates: int, stage: str = "explore",
                 prompts: list[Prompt] | None = None,
@@ -226,13 +216,10 @@ class Harness:
         with θ_version, in the pipeline's requests (one per prompt and
         ``exploration.request_batch`` candidates)."""
         prompts = prompts or self.prompts(iteration)
-        per_prompt: list[tuple[list, list]] = [([], []) for _ in prompts]
-        for request in explore_requests(self.config, iteration, prompts, version, stage,
-                                        candidates, steps):
-            out = tasks.explore_task(self.config, self.store, request)
-            per_prompt[request.prompt_index][0].extend(out["seeds"].tolist())
-            per_prompt[request.prompt_index][1].extend(out["rewards"].tolist())
-        return per_prompt
+        return core.gather([scored(tasks.explore_task(self.config, self.store, request))
+                            for request in explore_requests(self.config, iteration, prompts,
+                                                            version, stage, candidates, steps)],
+                           len(prompts))
 
     def audit(self, k: int, prompts: list[Prompt]) -> float | None:
         """As :meth:`Exploration.submit_audit`: random stale candidates of k re-scored with θ_k;
@@ -240,19 +227,14 @@ class Harness:
         stale, fidelity = self.stale.get(k), self.config.fidelity
         if stale is None or not audit_due(k, fidelity.audit_every):
             return None
-        picks = audit_picks(self.config.seed, k, [len(s) for s, _ in stale],
-                            fidelity.audit_prompts, fidelity.audit_candidates)
-        steps = self.config.exploration.steps or self.config.sampler.num_steps
-        xs, ys = [], []
-        for p, chosen in picks:
-            seeds = np.asarray([stale[p][0][c] for c in chosen])
-            out = tasks.explore_task(self.config, self.store, tasks.ExploreRequest(
-                k, p, prompts[p], seeds, 0, k, "audit", steps))
-            scored = dict(zip(stale[p][0], stale[p][1]))
-            xs.append([scored[int(s)] for s in out["seeds"]])
-            ys.append(out["rewards"].tolist())
-        tau = grouped_kendall_tau(xs, ys)
-        return None if np.isnan(tau) else float(tau)
+        picks = core.audit_candidates(self.config.seed, k, stale, fidelity.audit_prompts,
+                                      fidelity.audit_candidates)
+        steps = core.audit_steps(self.plans.get(k))   # the steps the stale exploration took
+        self.audits[k] = core.audit_tau(stale, [scored(tasks.explore_task(
+            self.config, self.store, tasks.ExploreRequest(k, p, prompts[p], seeds, 0, k, "audit",
+                                                          steps)))
+            for p, seeds in picks])
+        return self.audits[k].kendall_tau
 
     def staleness_taus(self, k: int, lags: list[int], prompts: int,
                        candidates: int) -> dict[int, float | None]:
