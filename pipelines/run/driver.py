@@ -299,7 +299,7 @@ class Driver:
         it.planned = plan.prompts * plan.candidates
         nxt = self.exploration.finish(k + 1, it.explore_futures, "explore", planned=it.planned,
                                       select=self.exploration.trusting)
-        found = self.store.get_json(tasks.stage_name(k + 1, "explore"), "candidates")
+        found = self.exploration.candidates(k + 1, "explore")
         it.explored = sum(len(row) for row in found["seeds"])
         it.filled = int(nxt.filled.sum()) if nxt is not None else 0
         it.records += found["tasks"]
@@ -372,7 +372,7 @@ class Driver:
                         nan if audit_tau is None else audit_tau)
         for stage in ("explore", "explore-sync"):
             if self.log.done(k, stage):
-                found = self.store.get_json(tasks.stage_name(k, stage), "candidates")
+                found = self.exploration.candidates(k, stage)
                 version = k - 1 if stage == "explore" else k
                 chosen = [set(int(s) for s in row) for row in selection.seeds]
                 for p, (seeds, rews) in enumerate(zip(found["seeds"], found["rewards"])):

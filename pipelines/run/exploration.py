@@ -86,6 +86,9 @@ class Exploration:
     def __init__(self, run: RunContext) -> None:
         self.run = run
         self.planner, self.monitor = self._restored_planning()
+        # (iteration, stage) -> its candidates.json, as written or first read: an iteration's
+        # stages ask for them about six times. A few recent iterations are kept.
+        self._candidates: dict[tuple[int, str], dict] = {}
 
     @property
     def config(self) -> RunConfig:
@@ -205,9 +208,10 @@ class Exploration:
         finished, cancelled, dispatch = self.collect(work, stage)
         prompts = self.run.prompts(iteration)
         per_prompt = core.gather([scored(out) for out in finished], len(prompts))
-        self.run.store.put_json(tasks.stage_name(iteration, stage), "candidates", {
-            "seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
-            "tasks": [o["record"] for o in finished], "dispatch": dispatch})
+        found = {"seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
+                 "tasks": [o["record"] for o in finished], "dispatch": dispatch}
+        self.run.store.put_json(tasks.stage_name(iteration, stage), "candidates", found)
+        self._remember(iteration, stage, found)
         summary = (dispatch or {}).get("summary", {})
         planned = planned if planned is not None else \
             len(prompts) * self.config.exploration.candidates
@@ -239,7 +243,20 @@ class Exploration:
         """The candidates explored for ``iteration`` with stale weights, or None."""
         if not self.run.log.done(iteration, "explore"):
             return None
-        return self.run.store.get_json(tasks.stage_name(iteration, "explore"), "candidates")
+        return self.candidates(iteration, "explore")
+
+    def candidates(self, iteration: int, stage: str) -> dict:
+        """``candidates.json`` of a recorded exploration stage (``explore``, ``explore-sync``)."""
+        found = self._candidates.get((iteration, stage))
+        if found is None:
+            found = self.run.store.get_json(tasks.stage_name(iteration, stage), "candidates")
+            self._remember(iteration, stage, found)
+        return found
+
+    def _remember(self, iteration: int, stage: str, found: dict) -> None:
+        self._candidates[(iteration, stage)] = found
+        for key in [key for key in self._candidates if key[0] < iteration - 4]:
+            del self._candidates[key]
 
     def seeds_for(self, iteration: int) -> Selection:
         """The seeds of ``iteration``: recorded, explored synchronously now, or random.

@@ -106,7 +106,8 @@ def test_a_stopped_run_ran_the_full_runs_iterations(tiny_run_config):
 
 
 @pytest.mark.timeout(900)
-def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config, tmp_path):
+def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config, tmp_path,
+                                                                 monkeypatch):
     """Two spotlight iterations both ways, with an audit in the second: the same stale
     candidates, the same selected seeds, the same rollout rewards, the same τ, the same
     weights. The tiny world's rewards differ within every group (its fixture checks), so
@@ -115,11 +116,22 @@ def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config
 
     from pipelines.front.session import Session
     from pipelines.run.tasks import stage_name
+    from storage import RunStore
 
     config = tiny_run_config.with_values({"fidelity.audit_every": 1, "fidelity.audit_prompts": 2,
                                           "fidelity.audit_candidates": 3})
+    reads = []
+    get_json = RunStore.get_json
+
+    def counted(store, stage, name):
+        reads.append((stage, name))
+        return get_json(store, stage, name)
+
+    monkeypatch.setattr(RunStore, "get_json", counted)
     with Session.from_config(config, store=str(tmp_path / "run")) as session:
         session.run(2)
+        # The driver wrote every candidates.json of this run: it never reads one back.
+        assert [r for r in reads if r[1] == "candidates"] == []
         store = session.store
         cluster = {"candidates": store.get_json(stage_name(1, "explore"), "candidates"),
                    "seeds": store.get_json(stage_name(1, "selection"), "selection")["seeds"],
