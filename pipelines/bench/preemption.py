@@ -308,14 +308,31 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
                                  "injector.time_scale": scale, "injector.action": "mixed",
                                  "preemption.no_spot_wait_s": wait})
     chaos = _run(chaos_cfg, str(root / "chaos"), iterations)
+    result = {"bench": "preemption", "complete": False, "config": cfg.source,
+              "iterations": iterations, "trace": str(trace_path), "time_scale": scale,
+              "longest_outage_s": outage, "no_spot_wait_s": wait,
+              **chaos_figures(cfg, clean, chaos, root, iterations),
+              "runs": str(root), "machine": machine()}
+    # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
+    scenarios = {"balance": lambda: balance(cfg, str(root / "balance")),
+                 "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
+    for name, scenario in scenarios.items():
+        result["wall_s"] = time.monotonic() - started
+        if json_path:
+            write_result(result, json_path)
+        result[name] = scenario()
+    result.update(complete=True, wall_s=time.monotonic() - started)
+    return result
+
+
+def chaos_figures(cfg: RunConfig, clean: dict, chaos: dict, root: Path, iterations: int) -> dict:
+    """What the chaos run lost and cost against the clean run: requests, identity,
+    preemptions (by kind and stage), lost steps and time."""
     figures = preemption_figures(chaos, _step_seconds(clean["records"]))
     summaries = [d["summary"] for d in chaos["dispatch"]]
     total = sum(s["requests"] for s in summaries)
     wall = lambda run: float(np.mean([r.wall_s for r in run["results"]]))   # noqa: E731
-    result = {
-        "bench": "preemption", "complete": False, "config": cfg.source,
-        "iterations": iterations, "trace": str(trace_path), "time_scale": scale,
-        "longest_outage_s": outage, "no_spot_wait_s": wait,
+    return {
         "requests_total": total,
         "requests_lost": total - sum(s["finished"] for s in summaries),
         "identical_to_clean": _identical(str(root / "clean"), str(root / "chaos"), iterations),
@@ -328,15 +345,4 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
         "iteration_time_inflation": wall(chaos) / wall(clean),
         "iteration_s": {"clean": [r.wall_s for r in clean["results"]],
                         "chaos": [r.wall_s for r in chaos["results"]]},
-        "runs": str(root), "machine": machine(),
     }
-    # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
-    scenarios = {"balance": lambda: balance(cfg, str(root / "balance")),
-                 "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
-    for name, scenario in scenarios.items():
-        result["wall_s"] = time.monotonic() - started
-        if json_path:
-            write_result(result, json_path)
-        result[name] = scenario()
-    result.update(complete=True, wall_s=time.monotonic() - started)
-    return result

@@ -116,8 +116,7 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             worker.log_event(NOTICE_TOPIC, {
                 "worker": worker.address, "name": str(worker.name), "source": notice.source,
                 "reason": notice.reason, "deadline_s": notice.deadline_s, "at": time.time()})
-            # Info, not a warning: preemption is routine on spot capacity, and the driver
-            # reports it (the dispatch events); a line per notice would flood the console.
+            # Info: preemption is routine on spot and the driver reports it (not one line each).
             log.info("spot preemption notice (%s): handing requests back, then retiring",
                      notice.source)
             # Running requests stop at their next step boundary (check_notice) and return.

@@ -86,7 +86,7 @@ SIZERS: dict[str, Callable[[Any], Any]] = {}
 
 # Modules that register the policies shipped with Spotlight; imported on first use so that
 # naming a policy does not import every model's dependencies.
-_SHIPPED = {"digits": "spotlight.models.policy",
+_SHIPPED = {"digits": "spotlight.models.pretrain",   # the policy, and its pretrained base
             "qwen-image": "spotlight.models.qwen_image.policy"}
 
 
@@ -156,7 +156,7 @@ def model_size(config: Any) -> Any:
 def _registered(name: str) -> None:
     import importlib
 
-    if name not in POLICIES and name in _SHIPPED:
+    if name in _SHIPPED:   # every registry of the name, whichever module came in first
         importlib.import_module(_SHIPPED[name])
     if name not in POLICIES:
         raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spotlight.config import ModelConfig
-from spotlight.models.base import register_base, register_decoder, register_policy
+from spotlight.models.base import register_decoder, register_policy
 from spotlight.models.text_encoder import PromptEncoder
 from spotlight.models.world import to_pixels
 
@@ -72,15 +72,6 @@ def digits_decoder(config):
         return out
 
     return decode
-
-
-@register_base("digits")
-def digits_base(config, progress: bool = True) -> "DigitsPolicy":
-    """The pretrained base of a digits config (trained once, then cached by config hash)."""
-    from spotlight.models.pretrain import load_base_policy, pretrain
-
-    pretrain(config, progress=progress)
-    return load_base_policy(config)
 
 
 class DigitsPolicy(nn.Module):

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from spotlight.cache import cache_dir
 from spotlight.config import RunConfig, config_hash
+from spotlight.models.base import register_base
 from spotlight.models.policy import DigitsPolicy, pack
 from spotlight.models.world import random_prompt, render, to_model_space
 
@@ -116,3 +117,10 @@ def pretrain(config: RunConfig, *, force: bool = False, progress: bool = True) -
 def load_base_policy(config: RunConfig) -> DigitsPolicy:
     """The cached base model of ``config``; a clear error if it was never pretrained."""
     return DigitsPolicy.load(base_model_dir(config))
+
+
+@register_base("digits")
+def digits_base(config: RunConfig, progress: bool = True) -> DigitsPolicy:
+    """The pretrained base of a digits config (trained once, then cached by config hash)."""
+    pretrain(config, progress=progress)
+    return load_base_policy(config)
