@@ -131,15 +131,6 @@ def measured_time_model(records: list[dict], window: str) -> list[float] | None:
     return [float(np.median(windows)), sum(r["end"] - r["start"] for r in explored) / work]
 
 
-def seconds_per_iteration(cluster_run: dict) -> float:
-    """Critical-path seconds of an iteration: the median over iterations after the first (which
-    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
-    (validation measures; every mode pays it alike)."""
-    plain = [s for i, (s, v) in enumerate(zip(cluster_run["iteration_s"], cluster_run["validated"]))
-             if i > 0 and not v]
-    return float(np.median(plain or cluster_run["iteration_s"]))
-
-
 def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
                   target: float) -> bool:
     """``mode``/``seed`` on the embedded cluster until the target or the budget, whichever is

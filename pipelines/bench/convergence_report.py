@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.bench.convergence_plot import plot_convergence
 from pipelines.bench.registry import machine
 from pipelines.bench.paired import cluster_part, planned_ratio
 from spotlight.config import RunConfig
@@ -86,13 +87,19 @@ def tau_figures(spot_jobs: list[dict]) -> dict:
             "by_iteration": over}
 
 
+def seconds_per_iteration(cluster_run: dict) -> float:
+    """Critical-path seconds of an iteration: the median over iterations after the first (which
+    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
+    (validation measures; every mode pays it alike)."""
+    plain = [s for i, (s, v) in enumerate(zip(cluster_run["iteration_s"], cluster_run["validated"]))
+             if i > 0 and not v]
+    return float(np.median(plain or cluster_run["iteration_s"]))
+
+
 def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
               png: Path) -> dict:
     """The contract keys over the seeds every mode has finished (and, once they ran, the
     cluster's seconds per iteration); draws the PNG."""
-    from pipelines.bench.convergence import seconds_per_iteration
-    from pipelines.bench.convergence_plot import plot_convergence
-
     modes, target, iterations = facts["modes"], facts["target"], facts["iterations"]
     done = [s for s in seeds if all(f"{m}-seed{s}" in saved for m in modes)]
     result = {"bench": "convergence", **facts, "seeds": len(done), "seed_list": done,
