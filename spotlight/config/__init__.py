@@ -116,11 +116,9 @@ def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
     the whole grid, moving the SDE noise to other sigmas: a different process (ranked at τ 0.49
     on the digits world). With an all-SDE sampler (``sde_window_size: 0``) no shorter replay
     is faithful."""
-    from spotlight.rl.sampler import sde_window_end   # the sampler owns what a window is
-
     if steps == 0 or steps >= sampler.num_steps:   # the planner clamps longer arms to the rollout's
         return True
-    return sde_window_end(sampler) < steps < sampler.num_steps
+    return sampler.sde_window_end < steps < sampler.num_steps
 
 
 def check_run(config: "RunConfig") -> None:

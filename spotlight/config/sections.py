@@ -141,6 +141,13 @@ class SamplerConfig(Validated):
                          "FlowMatchEulerDiscreteScheduler with the resolution's dynamic shift, as "
                          "QwenImagePipeline sets it).", choices=("shift", "model"))
 
+    @property
+    def sde_window_end(self) -> int:
+        """The step after the last SDE step: everything a seed decides happens before it."""
+        if self.sde_window_size == 0:
+            return self.num_steps
+        return min(self.num_steps, self.sde_window_start + self.sde_window_size)
+
     def validate(self) -> None:
         if self.sde_window_start >= self.num_steps:
             raise ConfigError(f"SamplerConfig.sde_window_start = {self.sde_window_start} must be "

@@ -39,16 +39,9 @@ class Trajectory:
                           first.trainable_steps)
 
 
-def sde_window_end(config: SamplerConfig) -> int:
-    """The step after the last SDE step: everything a seed decides happens before it."""
-    if config.sde_window_size == 0:
-        return config.num_steps
-    return min(config.num_steps, config.sde_window_start + config.sde_window_size)
-
-
 def step_kinds(config: SamplerConfig) -> list[str]:
     """Per step: the SDE kind inside the SDE window, 'ode' outside it."""
-    end = sde_window_end(config)
+    end = config.sde_window_end
     return [config.sde_type if config.sde_window_start <= t < end else "ode"
             for t in range(config.num_steps)]
 
@@ -101,7 +94,7 @@ def step_grid(config: SamplerConfig, num_steps: int | None = None, mode: str = "
     (or longer than the rollout) coarsens the whole grid.
     """
     steps = num_steps or config.num_steps
-    end = sde_window_end(config)
+    end = config.sde_window_end
     compressed_tail = end < steps < config.num_steps
     if steps != config.num_steps and not compressed_tail:   # coarsen the whole grid
         config = SamplerConfig(**{**config.__dict__, "num_steps": steps,

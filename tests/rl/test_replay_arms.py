@@ -8,7 +8,7 @@ from spotlight.config import SamplerConfig, faithful_replay
 from spotlight.exploration.fidelity import kendall_tau
 from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import Prompt
-from spotlight.rl.sampler import sample, sde_window_end
+from spotlight.rl.sampler import sample
 from spotlight.rl.trainer import sample_keys
 
 SEEDS = 16
@@ -29,7 +29,7 @@ def test_a_kept_arm_replays_the_rollouts_window_exactly_and_ranks_like_it(tiny_m
     torch.manual_seed(0)
     policy = DigitsPolicy(tiny_model_config, 12, 32).eval()
     sampler = SamplerConfig(num_steps=10, sde_window_start=0, sde_window_size=4)
-    end = sde_window_end(sampler)
+    end = sampler.sde_window_end
     rollout = _replay(policy, sampler, None)
     kept = _replay(policy, sampler, 7)
     assert faithful_replay(sampler, 7)
