@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
-from spotlight.config import MARKETS, ConfigError, CostConfig
+# The config package checks price files with this module: import its lower modules, not it.
+from spotlight.config.base import ConfigError
+from spotlight.config.sections import MARKETS, CostConfig
 
 __all__ = ["CostConfig", "CostLedger", "load_prices", "price_per_gpu_hour", "worker_class_prices"]
 WORKER_CLASSES = ("gpu", "spot")   # the Dask resource names of on-demand and spot workers

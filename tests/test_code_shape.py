@@ -46,3 +46,54 @@ def test_every_cluster_is_started_by_the_one_helper():
               for lines in [_constructs_a_cluster(ast.parse(p.read_text()))] if lines}
     assert not others, (f"modules that build their own Dask cluster (lines): {others}; start it "
                         "with pipelines.cluster.start_embedded instead")
+
+
+def _module(path) -> str:
+    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in SOURCES}
+
+
+def _imported(path) -> set[str]:
+    """The project modules ``path`` imports anywhere in it, in functions too."""
+    name, found = _module(path), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:   # relative: from its package
+            package = name.split(".")[:len(name.split(".")) - node.level +
+                                       (path.name == "__init__.py")]
+            names = [".".join(package + ([node.module] if node.module else []))]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for target in names:
+            while target and target not in MODULES:   # a name inside a module: that module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def test_no_import_cycle_even_counting_imports_inside_functions():
+    """An import inside a function hides a cycle from Python until that function runs; the
+    layers (storage <- spotlight <- pipelines) hold only if no module reaches itself."""
+    graph = {name: _imported(path) for name, path in MODULES.items()}
+    cycles, done = [], set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycles.append(trail[trail.index(name):] + [name])
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, trail + [name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])

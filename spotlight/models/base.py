@@ -86,8 +86,10 @@ SIZERS: dict[str, Callable[[Any], Any]] = {}
 
 # Modules that register the policies shipped with Spotlight; imported on first use so that
 # naming a policy does not import every model's dependencies.
-_SHIPPED = {"digits": "spotlight.models.pretrain",   # the policy, and its pretrained base
-            "qwen-image": "spotlight.models.qwen_image.policy"}
+_SHIPPED = {"digits": ("spotlight.models.pretrain",),   # the policy, and its pretrained base
+            "qwen-image": ("spotlight.models.qwen_image.policy",
+                           "spotlight.models.qwen_image.check",
+                           "spotlight.models.qwen_image.sizing")}
 
 
 def register_policy(name: str, *, prompt_store: bool = False
@@ -156,8 +158,8 @@ def model_size(config: Any) -> Any:
 def _registered(name: str) -> None:
     import importlib
 
-    if name in _SHIPPED:   # every registry of the name, whichever module came in first
-        importlib.import_module(_SHIPPED[name])
+    for module in _SHIPPED.get(name, ()):   # every registry of the name, whichever came first
+        importlib.import_module(module)
     if name not in POLICIES:
         raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
                          f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "

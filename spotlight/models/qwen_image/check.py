@@ -8,13 +8,13 @@ import json
 import torch
 
 from spotlight.models.base import register_check
+from spotlight.models.qwen_image.policy import check_lora_targets, check_resolution, image_size
 
 
 @register_check("qwen-image")
 def check_qwen_image(config) -> None:
     from diffusers import QwenImageTransformer2DModel
 
-    from spotlight.models.qwen_image.policy import check_lora_targets, check_resolution, image_size
     from spotlight.models.qwen_image.weights import local_folder, resolve_dtype
 
     resolve_dtype(config.model.dtype)
@@ -33,7 +33,6 @@ def check_qwen_image(config) -> None:
 def _check_sp_degree(config, transformer_config: dict, vae_scale: int) -> None:
     """The rollout's SP degree must divide the weights' attention heads and the image tokens."""
     from spotlight.config import ConfigError, rollout_sp_degree
-    from spotlight.models.qwen_image.policy import image_size
     from spotlight.parallel.ulysses import SequenceParallelError, check_degree
 
     height, width = image_size(config)

@@ -22,8 +22,6 @@ import torch
 from torch import nn
 
 from spotlight.models.base import register_base, register_decoder, register_policy
-from spotlight.models.qwen_image import check, sizing  # noqa: F401  (register the start-up check
-#                                                        and the --dry-run sizer)
 from spotlight.models.qwen_image.weights import (Components, load_components, resolve_dtype,
                                                  scheduler_sigmas)
 

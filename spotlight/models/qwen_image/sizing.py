@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from spotlight.models.base import register_sizing
+from spotlight.models.qwen_image.policy import image_size
 from spotlight.sizing import ModelSize
 
 # Qwen2.5-VL-7B-Instruct, Qwen-Image's text encoder (its published config).
@@ -27,7 +28,6 @@ def qwen_image_size(config) -> ModelSize:
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from spotlight.models.qwen_image.policy import image_size
     from spotlight.models.qwen_image.weights import TINY, resolve_dtype
 
     folder = _local(config.model.weights)
