@@ -28,7 +28,7 @@ from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
                                   trainable_steps, transition_distribution)
 from spotlight.rl.sde import gaussian_log_prob
-from spotlight.rl.trainer import FlowGRPO, Rollout, sample_keys
+from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
 from storage.latents import Labels
@@ -119,6 +119,7 @@ class WorkerContext:
         torch.set_num_threads(config.cluster.threads_per_worker)
         self.config, self.store = config, store
         self.policy: Policy = build_policy(config)   # the model named in model.policy
+        mark_trainable(self.policy, config.grpo.trainable)   # as the training worker's is
         if stores_prompts(config):   # embeddings from the run store: no text encoder here
             self.policy.use_prompt_store(store.prompts.get, store.prompts.put)
         self.version: int | None = None

@@ -92,6 +92,20 @@ class DataParallelPeers(Protocol):
         """Sum each tensor over the peers, in place."""
 
 
+def mark_trainable(policy, trainable: str) -> list:
+    """Freeze ``policy`` but for the parameters ``grpo.trainable`` names; returns those.
+
+    Every process that holds a run's policy marks it so, whether it trains or not: torch picks
+    other kernels for modules whose parameters require no gradient (a frozen prompt encoder),
+    and a worker that only samples must compute exactly what the training worker does."""
+    for p in policy.parameters():
+        p.requires_grad_(False)
+    params = policy.trainable_parameters(trainable)
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
 class FlowGRPO:
     """Flow-GRPO trainer state: policy, frozen reference, optimizer and reward."""
 
@@ -99,11 +113,7 @@ class FlowGRPO:
         self.config, self.policy, self.reward_fn = config, policy, reward_fn
         self.check_rewards = check_rewards
         grpo = config.grpo
-        for p in policy.parameters():
-            p.requires_grad_(False)
-        self.parameters = policy.trainable_parameters(grpo.trainable)
-        for p in self.parameters:
-            p.requires_grad_(True)
+        self.parameters = mark_trainable(policy, grpo.trainable)
         self.reference = policy.reference() if grpo.beta_kl > 0 else None
         self.optimizer = self._new_optimizer()
         self.peers: DataParallelPeers | None = None   # set for a data-parallel step

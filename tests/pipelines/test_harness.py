@@ -153,12 +153,11 @@ def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config
     assert selected.seeds.tolist() == cluster["seeds"]
     for k in (0, 1):
         np.testing.assert_array_equal(rewards[k], cluster["rewards"][k])
-    # The audit re-scores with θ_1. The harness holds θ_1 as training left it, a spot worker
-    # loads it from the checkpoint: equal weights, yet replays ~1e-9 apart on this CPU (seen,
-    # cause not found). A wrong version or step count moves the scores by ~1e-4 and fails.
+    # The audit re-scores with θ_1: the harness as training left it, a spot worker loaded from
+    # the checkpoint. Equal only if both mark the same parameters trainable (a frozen prompt
+    # encoder runs other kernels: ~1e-9 apart before mark_trainable).
     audit = harness.audits[1]
-    assert audit.stale == cluster["audit"]["stale"]
-    np.testing.assert_allclose(audit.fresh, cluster["audit"]["fresh"], rtol=1e-6, atol=0)
+    assert (audit.stale, audit.fresh) == (cluster["audit"]["stale"], cluster["audit"]["fresh"])
     assert cluster["audit"]["kendall_tau"] is not None
-    assert run.iterations[1].audit_tau == pytest.approx(cluster["audit"]["kendall_tau"])
+    assert run.iterations[1].audit_tau == audit.kendall_tau == cluster["audit"]["kendall_tau"]
     assert all(torch.equal(weights[name], cluster["weights"][name]) for name in weights)
