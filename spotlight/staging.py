@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from spotlight.cache import cache_dir
+
 CHECKSUMS = ".spotlight-sha256.json"   # sha256 and size of every file of a cached copy
 FolderCheck = Callable[[Path, str], None]   # (folder, as the user named it) -> None or an error
 
@@ -37,7 +39,6 @@ def staged_folder(source: str, what: str, check: FolderCheck | None = None) -> P
 
 
 def cache_root() -> Path:
-    from spotlight.cache import cache_dir
 
     return Path(cache_dir())
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
+from pipelines.cluster.nanny import EmbeddedNanny
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
+from storage import StorageError
 
 GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
@@ -42,8 +44,6 @@ def task_error(exc: BaseException, what: str, resource: str) -> BaseException:
     read-only, corrupt, no permission) as they are, anything else as a :class:`TaskFailedError`
     naming the stage and the worker class."""
     import errno
-
-    from storage import StorageError
 
     if isinstance(exc, (StorageError, PermissionError)) or (isinstance(exc, OSError) and exc.errno in (
             errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)):
@@ -165,8 +165,6 @@ def workers_by_class(workers: dict) -> dict[str, list[str]]:
 def worker_spec(name: str, resource: str, config: ClusterConfig,
                 log_file: str | Path | None = None) -> dict:
     """One embedded worker process under its nanny; ``log_file``: where its Dask messages go."""
-    from pipelines.cluster.nanny import EmbeddedNanny
-
     threads = str(config.threads_per_worker)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     if log_file is not None:

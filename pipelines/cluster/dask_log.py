@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spotlight.cache import cache_dir
+
 LOG_ENV = "SPOTLIGHT_DASK_LOG"
 RUN_LOG = ("logs", "dask.log")   # below a run's root
 FORMAT = "%(asctime)s {where} pid %(process)d %(name)s %(levelname)s: %(message)s"
@@ -62,7 +64,6 @@ def run_log_file(store_url: str) -> RunLog:
     """Where the embedded cluster of the run at ``store_url`` logs: inside the run for a
     ``file://`` or bare-path run; otherwise (``s3://``, ``memory://``) a local file in the cache
     folder named after the run and the time."""
-    from spotlight.cache import cache_dir
 
     scheme = store_url.split("://", 1)[0] if "://" in store_url else "file"
     if scheme == "file":

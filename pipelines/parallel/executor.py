@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from spotlight.parallel import ulysses
+from storage import RunStore
 
 # A join completes in milliseconds; a member that died before joining must not hold the
 # others (each a worker's only thread) for long.
@@ -123,7 +124,6 @@ def _state_dict(spec: dict | None, version: int | None) -> dict:
 
 def load_from_store(spec: dict, url: str, version: int) -> dict:
     """Load ``version``'s weights from the run store (a cold start)."""
-    from storage import RunStore
 
     return _install(spec, lambda: RunStore.open(url, create=False).load_checkpoint(
         version).weights, version)
@@ -225,8 +225,6 @@ def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
     store = sink = None
     start, latents = 0, inputs["hidden_states"]
     if url is not None and rank == 0:
-        from storage import RunStore
-
         store = RunStore.open(url, create=False)
         point = store.resume_point("sp", request)
         if point is not None:

@@ -20,6 +20,7 @@ from spotlight.parallel.membership import (CopyFailed, CopyWeights, DissolveGrou
                                            ExecutorJoined, ExecutorLost, FormGroup, Group,
                                            Membership, WeightsLoaded, WeightsNotHeld,
                                            WeightsPublished, WeightsTrained)
+from spotlight.parallel.ulysses import check_degree
 
 
 POLL_S = 0.01   # how often a wait checks that its workers are still there
@@ -78,7 +79,6 @@ class SPGroups:
     copy_failures: dict = field(default_factory=dict)   # (executor, version) -> failed copies
 
     def __post_init__(self) -> None:
-        from spotlight.parallel.ulysses import check_degree
 
         if "config" in self.spec:   # a run's config was checked when it was read
             heads = self.spec["config"].get("num_attention_heads")

@@ -19,6 +19,7 @@ from pipelines.parallel.groups import (LOSS_GRACE_S, ExecutorGone, SPGroups, kil
                                       live_workers)
 from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
                                            WorkerJoined, WorkerLost)
+from storage import RunStore
 
 
 @dataclass
@@ -215,7 +216,6 @@ def after_seconds(seconds: float) -> Condition:
 def after_committed(steps: int, url: str, stage: str = "sp") -> Condition:
     """The group of a running request that has committed at least ``steps`` steps to the run
     store at ``url``."""
-    from storage import RunStore
 
     def due(server: GroupServer) -> str | None:
         store = RunStore.open(url, create=False)

@@ -38,6 +38,7 @@ from spotlight.models.base import stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
+from spotlight.cost import load_prices, worker_class_prices
 
 EventFn = Callable[[str, dict], None]
 
@@ -383,6 +384,5 @@ class Driver:
 
 
 def _prices(config: RunConfig) -> dict[str, float]:
-    from spotlight.cost import load_prices, worker_class_prices
 
     return worker_class_prices(config.cost, load_prices(config.cost.prices))

@@ -55,7 +55,6 @@ def digits_policy(config) -> "DigitsPolicy":
 def digits_decoder(config):
     """For the audit: a stored canvas latent (tokens, 12) or batch (B, tokens, 12) -> its canvases
     stacked top to bottom, 1 px of white between (a ValueError for any other shape)."""
-    from spotlight.models.world import to_pixels
 
     height, width = config.world.canvas_height, config.world.canvas_width
     shape = ((height // PATCH) * (width // PATCH), CHANNELS * PATCH * PATCH)
