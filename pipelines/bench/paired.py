@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipelines.run.harness import Harness, TimeModel
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
 from spotlight.staging import file_sha256
@@ -114,8 +115,6 @@ def cluster_part(mode: str, seed: int) -> str:
 def run_job(plan: PairedPlan, job: Job) -> dict:
     """One harness run (in a worker process): its validation curve, per-iteration rewards,
     group std, seed sources and audit τ, and for stale the τ-against-staleness probes."""
-    from pipelines.run.harness import Harness, TimeModel
-
     started = time.perf_counter()
     config, model = plan.config.with_values({"seed": job.seed}), None
     ratio, mode = planned_ratio(job.mode), session_mode(job.mode)

@@ -27,15 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.run import tasks
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.cluster import SPOT
 from pipelines.front.session import Session
-from spotlight.config import RunConfig, load_config, shipped_config
+from pipelines.run import tasks
+from spotlight.config import PROJECT_ROOT, RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
-from spotlight.scheduling.traces import (load_trace, longest_outage_s, replay_schedule,
-                                         scale_to_cap)
+from spotlight.scheduling.traces import load_trace, longest_outage_s, replay_schedule, scale_to_cap
 from storage import RunStore, stage_key
 
 DEFAULT_TRACE = "g4dn-events.csv"
@@ -45,8 +44,6 @@ OUTAGE_MARGIN_S = 60.0   # a replacement spot worker's start and weight load, wi
 
 def default_trace() -> Path:
     """The shipped g4dn event trace: $SPOTLIGHT_TRACES, else the repository's configs/traces."""
-    from spotlight.config import PROJECT_ROOT
-
     root = os.environ.get("SPOTLIGHT_TRACES") or str(PROJECT_ROOT / "configs" / "traces")
     path = Path(root) / DEFAULT_TRACE
     if not path.is_file():

@@ -19,10 +19,15 @@ import time
 from pathlib import Path
 
 from pipelines.bench.registry import machine, register_bench, write_result
-from spotlight.config import load_config, shipped_config
+from pipelines.bench.simulate_plot import plot_sweeps, plot_timelines
+from pipelines.front.session import Session
+from pipelines.run.stage_log import stage_name
+from spotlight.config import from_stored, load_config, shipped_config
 from spotlight.sim.config import CLOUDS, load_sim_config
 from spotlight.sim.replay import RecordedIteration, validate_replay
 from spotlight.sim.report import implied_ratio, paper_config, simulate
+from storage import RunStore
+from storage.errors import NotCommittedError
 
 PAPER_HEADLINE_SPEEDUP = 4.0   # "reaches the same validation score 4x faster" (the paper)
 SWEEPS = {
@@ -39,12 +44,6 @@ REPLAY_SETTINGS = {"validation.every": 1000, "cluster.dashboard": False}
 
 def recorded_run(url: str) -> tuple[list[RecordedIteration], dict]:
     """A run store's iterations (wall time, validated or not, tasks) and how it ran."""
-    from pipelines.run.stage_log import stage_name
-    from spotlight.config import from_stored
-    from storage import RunStore
-
-    from storage.errors import NotCommittedError
-
     try:
         store = RunStore.open(url, create=False)
     except NotCommittedError as exc:
@@ -75,8 +74,6 @@ def recorded_run(url: str) -> tuple[list[RecordedIteration], dict]:
 
 def measured_run(folder: Path, iterations: int) -> str:
     """Run the digits world on the embedded cluster; return the run's URL."""
-    from pipelines.front.session import Session
-
     cfg = load_config(shipped_config("digits.yaml"), REPLAY_SETTINGS)
     url = str(folder / "measured")
     with Session.from_config(cfg, store=url, mode="spotlight") as session:
@@ -161,8 +158,6 @@ def bench_simulate(config: str | None = None, json_path: str | None = None, quic
 
 
 def _scenarios(base, quick: bool, out: str) -> dict:
-    from pipelines.bench.simulate_plot import plot_sweeps, plot_timelines
-
     t0 = time.perf_counter()
     bench = simulate(base, timeline_iteration=3)
     ratio = implied_ratio(base, bench, PAPER_HEADLINE_SPEEDUP)

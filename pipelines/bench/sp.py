@@ -25,8 +25,13 @@ import numpy as np
 import torch
 
 from pipelines.bench.registry import machine, register_bench
+from pipelines.cluster import start_embedded
+from pipelines.cluster.dask_log import run_log_file
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
+from pipelines.parallel.serve import GroupServer, after_seconds, denoise_requests, kill_when
+from spotlight.config import ClusterConfig
+from storage import RunStore
 
 # A tiny real-format transformer with 4 heads (so degrees 1, 2 and 4 divide them), 16 x 16
 # image tokens and 8 text tokens.
@@ -141,8 +146,6 @@ def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
     """Requests on SP pairs under the pull dispatcher while members are SIGKILLed at
     ``kills_s`` (seconds after serving begins, one member of a busy pair each): every request
     against its uninterrupted single-process result."""
-    from pipelines.parallel.serve import GroupServer, after_seconds, denoise_requests, kill_when
-
     inputs = {f"r{i}": request_inputs(seed=100 + i) for i in range(requests)}
     sp = SPGroups(client, SPEC, url, 0, (2,))
     sp.add(live_workers(client))
@@ -164,11 +167,6 @@ def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
 @register_bench("sp")
 def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
              **_: object) -> dict:
-    from pipelines.cluster import start_embedded
-    from pipelines.cluster.dask_log import run_log_file
-    from spotlight.config import ClusterConfig
-    from storage import RunStore
-
     rounds = rounds or (2 if quick else 5)
     if devices < 4:
         raise ValueError(f"--devices {devices}: the bench forms a group of 4; give at least 4")

@@ -34,6 +34,10 @@ import torch
 
 from pipelines.bench.registry import machine, register_bench
 from spotlight.config import load_config, shipped_config
+from spotlight.models.base import build_policy
+from spotlight.models.prompts import world_prompts
+from spotlight.rl.sampler import initial_latents, sample
+from spotlight.rl.trainer import iteration_prompts, random_seeds, sample_keys
 from storage import LatentSink, RunStore, StorageConfig
 
 DEFAULT_CONFIG = shipped_config("digits.yaml")
@@ -129,10 +133,6 @@ class Request:
     """The benchmark's request: policy, prompts and keys of one fixed batch."""
 
     def __init__(self, cfg: Any, batch: int | None) -> None:
-        from spotlight.models.base import build_policy
-        from spotlight.models.prompts import world_prompts
-        from spotlight.rl.trainer import iteration_prompts, random_seeds, sample_keys
-
         torch.manual_seed(cfg.seed)
         self.policy = build_policy(cfg).eval()
         self.sampler = cfg.sampler
@@ -159,8 +159,6 @@ class Request:
 
         ``cut_after=c`` stops (raises :class:`_Preempted`) once step c is committed.
         """
-        from spotlight.rl.sampler import initial_latents, sample
-
         if start_latents is None:
             start_latents = initial_latents(self.keys, self.policy.tokens_shape)
         on_step = None

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from spotlight.config import from_stored
+from spotlight.models.base import latent_decoder
 from storage import RunStore, StorageConfig
 from storage.errors import NotCommittedError
 from storage.manifest import iteration_dir, stage_iteration
@@ -160,9 +162,6 @@ def decoder_for_run(run: str | StorageConfig | RunStore) -> Callable[[np.ndarray
     """How the run's policy shows a stored latent (digits: its canvases; qwen-image: VAE-decoded
     images), falling back to :func:`latent_heatmap` for latents it cannot take or for a run
     without a recorded config."""
-    from spotlight.config import from_stored
-    from spotlight.models.base import latent_decoder
-
     store = _open(run)
     recorded = store.manifest.read().get("run", {}).get("config")
     if not recorded:

@@ -32,14 +32,13 @@ from pipelines.run.rollout import RolloutChunk, _sample_chunk, rollout_requests
 from pipelines.run.stages import RolloutResult
 from spotlight.config import rollout_sp_degree
 from spotlight.models.prompts import Prompt
+from spotlight.parallel import ulysses
 
 
 def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> dict | None:
     """One member's part of an SP rollout request; rank 0 returns the request's
     log-probabilities and record (the latents are in the run store)."""
     import torch.distributed as dist
-
-    from spotlight.parallel import ulysses
 
     executor.check_epoch(epoch)
     member = executor.GroupMember(dist.get_rank())

@@ -24,7 +24,7 @@ from spotlight.config import RunConfig, config_hash
 from spotlight.models.base import Policy, build_policy, stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
-from spotlight.rl.grpo import group_advantages
+from spotlight.rl.grpo import Advantages, group_advantages
 from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
                                   trainable_steps, transition_distribution)
 from spotlight.rl.sde import gaussian_log_prob
@@ -347,8 +347,6 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
     """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint.
     With data-parallel ``peers`` (:mod:`pipelines.parallel.training`) this worker computes its
     share and every peer takes the same step."""
-    from spotlight.rl.grpo import Advantages
-
     start = time.time()
     prompts, rewards, advantages, version = (request.prompts, request.rewards,
                                              request.advantages, request.version)
