@@ -97,3 +97,47 @@ def test_no_import_cycle_even_counting_imports_inside_functions():
     for name in sorted(graph):
         visit(name, [])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+LAZY_ALLOWED = {PROJECT_ROOT / "pipelines/front/cli.py", PROJECT_ROOT / "spotlight/__init__.py"}
+MOST_LAZY = 14
+
+
+def _lazy_project_imports(path) -> list[int]:
+    """Line numbers of the imports of the project's own modules inside functions of ``path``."""
+    tree = ast.parse(path.read_text())
+    lines = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (
+                        node.module and node.module.split(".")[0] in PACKAGES)):
+                    lines.add(node.lineno)
+                elif isinstance(node, ast.Import) and any(
+                        a.name.split(".")[0] in PACKAGES for a in node.names):
+                    lines.add(node.lineno)
+    return sorted(lines)
+
+
+def _has_reason(text: list[str], lineno: int) -> bool:
+    """A comment on the import's line, or above the run of imports it belongs to."""
+    i = lineno - 1
+    if "#" in text[i]:
+        return True
+    while i > 0 and text[i - 1].strip().startswith(("from ", "import ", "#")):
+        i -= 1
+        if text[i].strip().startswith("#") or "#" in text[i]:
+            return True
+    return False
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    """A module-level import is where a reader looks for what a module needs; one inside a
+    function is kept only where it buys start-up time or keeps a heavy dependency optional,
+    and then says so."""
+    lazy = [(path, n) for path in SOURCES if path not in LAZY_ALLOWED
+            for n in _lazy_project_imports(path)]
+    assert len(lazy) <= MOST_LAZY, [f"{p.relative_to(PROJECT_ROOT)}:{n}" for p, n in lazy]
+    silent = [f"{p.relative_to(PROJECT_ROOT)}:{n}" for p, n in lazy
+              if not _has_reason(p.read_text().split("\n"), n)]
+    assert not silent, f"imports inside functions without a reason: {silent}"

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+from pipelines.cluster.dask_log import LOG_ENV, route_to_file
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,6 @@ def dask_setup(worker) -> None:
     - Dask's own messages of this process go to the run's log file that the driver names in
       the environment, not to the driver's console (:mod:`pipelines.cluster.dask_log`).
     """
-    from pipelines.cluster.dask_log import LOG_ENV, route_to_file
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.environ.get(LOG_ENV):

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipelines.run import tasks
 from spotlight.parallel import ulysses
 from storage import RunStore
 
@@ -94,8 +95,6 @@ def _install(spec: dict, weights, version: int) -> dict:
 
 def run_context(spec: dict):
     """The worker's context of the run a ``{"run": (config, store)}`` spec names."""
-    from pipelines.run import tasks
-
     return tasks.context(*spec["run"])
 
 

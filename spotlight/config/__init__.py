@@ -181,6 +181,7 @@ def _check_sequence_parallel(config: "RunConfig") -> None:
                               f"{list(config.placed('rollout'))}; start more "
                               f"(cluster.gpu_workers) or lower the degree")
     if config.model.policy == "digits":
+        # config is the bottom layer: the SP rules are the parallel layer's, asked only here
         from spotlight.parallel.ulysses import SequenceParallelError, check_degree
 
         height, width = config.world.canvas_height, config.world.canvas_width
@@ -319,6 +320,7 @@ def _default_of(dotted: str) -> Any:
 
 def check_files(config: "RunConfig") -> None:
     """Every file the run names exists and parses; a ConfigError naming the key otherwise."""
+    # The parsers of the files a config names live above the config layer that they import.
     from spotlight.cost import load_prices, worker_class_prices
     from spotlight.models.prompts import PromptFileError, load_prompts
     from spotlight.scheduling.traces import TraceError, load_trace

@@ -20,6 +20,7 @@ from spotlight.config import RewardConfig
 from spotlight.models.prompts import Prompt
 from spotlight.rewards.ocr import ocr_score
 from spotlight.rewards.registry import check_batch, check_rewards, register_reward
+from spotlight.staging import staged_folder
 
 # The PP-OCR models the rapidocr-onnxruntime wheel ships (detection, angle, recognition).
 RAPIDOCR_MODELS = {"det_model_path": "ch_PP-OCRv4_det_infer.onnx",
@@ -72,8 +73,8 @@ class TransformersOcrEngine:
                  max_new_tokens: int = 32, batch_size: int = 8) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        # vision imports torch, which only this engine needs (rapidocr's path runs without it)
         from spotlight.rewards.vision import PROCESSOR_FILES, needs, quiet_transformers
-        from spotlight.staging import staged_folder
 
         quiet_transformers()
         folder = staged_folder(source, "reward.ocr_model", needs("config.json", PROCESSOR_FILES))
@@ -95,7 +96,7 @@ class TransformersOcrEngine:
         import torch
         from PIL import Image
 
-        from spotlight.rewards.vision import to_uint8
+        from spotlight.rewards.vision import to_uint8   # torch: this engine's alone
 
         pictures = [Image.fromarray(p) for p in to_uint8(images)]
         texts: list[str] = []

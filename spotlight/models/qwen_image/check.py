@@ -7,15 +7,16 @@ import json
 
 import torch
 
+from spotlight.config import ConfigError, rollout_sp_degree
 from spotlight.models.base import register_check
 from spotlight.models.qwen_image.policy import check_lora_targets, check_resolution, image_size
+from spotlight.models.qwen_image.weights import local_folder, resolve_dtype
+from spotlight.parallel.ulysses import SequenceParallelError, check_degree
 
 
 @register_check("qwen-image")
 def check_qwen_image(config) -> None:
     from diffusers import QwenImageTransformer2DModel
-
-    from spotlight.models.qwen_image.weights import local_folder, resolve_dtype
 
     resolve_dtype(config.model.dtype)
     folder = local_folder(config.model.weights)   # names a missing component; copies a URL once
@@ -32,9 +33,6 @@ def check_qwen_image(config) -> None:
 
 def _check_sp_degree(config, transformer_config: dict, vae_scale: int) -> None:
     """The rollout's SP degree must divide the weights' attention heads and the image tokens."""
-    from spotlight.config import ConfigError, rollout_sp_degree
-    from spotlight.parallel.ulysses import SequenceParallelError, check_degree
-
     height, width = image_size(config)
     tokens = (height // vae_scale // 2) * (width // vae_scale // 2)
     try:

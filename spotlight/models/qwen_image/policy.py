@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from spotlight.models.base import register_base, register_decoder, register_policy
-from spotlight.models.qwen_image.weights import (Components, load_components, resolve_dtype,
-                                                 scheduler_sigmas)
+from spotlight.models.qwen_image.template import PROMPT_TEMPLATE, TEMPLATE_DROP
+from spotlight.models.qwen_image.weights import (Components, load_components, local_folder,
+                                                 resolve_dtype, scheduler_sigmas)
 
 PREFIX = "transformer."   # diffusers' LoRA state-dict prefix for the transformer's adapter
 
@@ -109,8 +110,6 @@ class QwenImagePolicy(nn.Module):
     def embed_prompt(self, prompt: str) -> np.ndarray:
         """(tokens, dim) float32 embedding of one prompt, as ``QwenImagePipeline.encode_prompt``
         computes it (template, text encoder's last hidden state, template prefix dropped)."""
-        from spotlight.models.qwen_image.tiny import PROMPT_TEMPLATE, TEMPLATE_DROP
-
         self.components.load_text_encoder()
         tokenizer, encoder = self.components.tokenizer, self.components.text_encoder
         tokens = tokenizer([PROMPT_TEMPLATE.format(prompt)], return_tensors="pt",
@@ -237,8 +236,6 @@ def qwen_image_decoder(config) -> Callable[[np.ndarray], np.ndarray]:
     """For the audit: a stored latent (tokens, 4 z) or batch (B, tokens, 4 z) -> its images
     stacked top to bottom (H, W, 3); only the VAE is loaded."""
     from diffusers import AutoencoderKLQwenImage
-
-    from spotlight.models.qwen_image.weights import local_folder
 
     dtype = resolve_dtype(config.model.dtype)
     vae = AutoencoderKLQwenImage.from_pretrained(local_folder(config.model.weights) / "vae",

@@ -13,6 +13,7 @@ import torch
 
 from spotlight.models.base import register_sizing
 from spotlight.models.qwen_image.policy import image_size
+from spotlight.models.qwen_image.weights import TINY, local_folder, resolve_dtype
 from spotlight.sizing import ModelSize
 
 # Qwen2.5-VL-7B-Instruct, Qwen-Image's text encoder (its published config).
@@ -27,8 +28,6 @@ QWEN25_VL_7B = {"text_config": dict(vocab_size=152064, hidden_size=3584, interme
 def qwen_image_size(config) -> ModelSize:
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from spotlight.models.qwen_image.weights import TINY, resolve_dtype
 
     folder = _local(config.model.weights)
     with torch.device("meta"):
@@ -55,8 +54,6 @@ def qwen_image_size(config) -> ModelSize:
 
 
 def _local(weights: str) -> Path | None:
-    from spotlight.models.qwen_image.weights import TINY, local_folder
-
     if weights == TINY:
         return local_folder(weights)
     path = Path(weights.removeprefix("file://")).expanduser()

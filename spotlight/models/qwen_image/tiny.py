@@ -22,12 +22,9 @@ from pathlib import Path
 
 import torch
 
-# QwenImagePipeline's prompt template and the number of its leading tokens it drops.
-PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, "
-                   "texture, quantity, text, spatial relationships of the objects and "
-                   "background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
-                   "<|im_start|>assistant\n")
-TEMPLATE_DROP = 34
+from spotlight.config import PROJECT_ROOT
+from spotlight.models.qwen_image.template import PROMPT_TEMPLATE, TEMPLATE_DROP
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
 TEXT_HIDDEN = 32          # the text encoder's width = the transformer's joint_attention_dim
 Z_DIM = 16                # latent channels, as the real VAE
@@ -36,8 +33,6 @@ TINY_SEED = 0
 
 def tokenizer_corpus() -> list[str]:
     """Text the tiny tokenizer learns its vocabulary from: the template and shipped prompts."""
-    from spotlight.config import PROJECT_ROOT
-
     lines = [PROMPT_TEMPLATE.format("")]
     for path in sorted((PROJECT_ROOT / "configs" / "prompts").glob("*.txt")):
         lines += path.read_text().splitlines()

@@ -132,6 +132,7 @@ def scheduler_sigmas(folder: Path, num_steps: int, image_tokens: int) -> torch.T
 def _tiny_folder() -> Path:
     """The tiny components, built once into the cache (atomically: a half-built folder never
     counts)."""
+    # tiny builds (and trains a tokenizer for) the test-size weights: only when they are asked for
     from spotlight.models.qwen_image.tiny import build_tiny_components
 
     folder = cache_root() / f"qwen-image-tiny-v{TINY_VERSION}"
