@@ -12,6 +12,9 @@
    the groups regroup, cut requests resume from their committed steps, and the chaos run's
    weights and rewards are compared bit for bit with the clean SP run's.
 
+``--quick`` runs scenarios 1 and 2 alone, smaller. The JSON is rewritten after each scenario,
+so a bench cut short keeps what it measured (``complete`` says whether every scenario ran).
+
 Lost steps of a hard kill are measured in time: (kill - the attempt's last commit) / the
 per-step compute time of the clean run. Recovery is kill (or notice) -> the first step the
 next attempt commits elsewhere.
@@ -311,8 +314,10 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
               **chaos_figures(cfg, clean, chaos, root, iterations),
               "runs": str(root), "machine": machine()}
     # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
-    scenarios = {"balance": lambda: balance(cfg, str(root / "balance")),
-                 "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
+    # --quick stops at the main scenario (SP under kills: tests/pipelines/test_sp_rollout.py).
+    scenarios = {} if quick else {
+        "balance": lambda: balance(cfg, str(root / "balance")),
+        "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
     for name, scenario in scenarios.items():
         result["wall_s"] = time.monotonic() - started
         if json_path:

@@ -58,16 +58,16 @@ def test_bench_overhead_quick_from_outside_the_repository(tiny_run_yaml, tmp_pat
 
 def test_bench_preemption_quick_from_outside_the_repository(tiny_run_yaml, tmp_path,
                                                             outside_repo):
-    # Two heads: the bench's SP scenario forms pairs, and a pair splits the heads.
-    args = ["--config", str(tiny_run_yaml), "--iterations", "2",
-            "--set", "model.num_attention_heads=2"]
+    args = ["--config", str(tiny_run_yaml), "--iterations", "2"]
     result, done = run_quick_bench("preemption", args, outside_repo,
                                    tmp_path / "preemption.json", timeout=540)
     for key in ("requests_total", "requests_lost", "identical_to_clean", "preemptions",
-                "preemptions_by_stage", "balance", "sp", "machine", "wall_s"):
+                "preemptions_by_stage", "machine", "wall_s"):
         assert key in result, key
     assert result["requests_total"] > 0 and result["preemptions"]["injected"]
-    assert result["identical_to_clean"] is True and result["sp"]["identical_to_clean"] is True
+    assert result["identical_to_clean"] is True and result["requests_lost"] == 0
+    # --quick is the main scenario alone: balance and SP under kills are the full bench's.
+    assert result["complete"] is True and "balance" not in result and "sp" not in result
     # Killed and noticed spot workers: Dask's tracebacks stay in the runs' logs.
     assert "Traceback" not in done.stderr and "distributed." not in done.stderr, done.stderr
 
