@@ -21,6 +21,8 @@ from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, Requ
                                            WorkerJoined, WorkerLost)
 from storage import RunStore
 
+FETCH_TIMEOUT_S = 5.0   # fetching a finished answer; past it, its worker may have died holding it
+
 
 @dataclass
 class Served:
@@ -135,7 +137,15 @@ class GroupServer:
             return
         if future.status != "finished":
             return   # its group broke: the loss requeues the request (resumed from its commits)
-        out = future.result()
+        try:
+            out = future.result(timeout=FETCH_TIMEOUT_S)
+        except TimeoutError:
+            # Rank 0 died after it finished, before its answer came: Dask would wait for ever to
+            # recompute it on that pinned worker. Its group's loss requeues the request, which
+            # resumes from its commits; until the loss is seen, look again next poll.
+            if group in self.sp.membership.groups:
+                self.running[future] = (request, attempt, group, [future])
+            return
         self.served.results[request] = out
         if "resumed_from" in out:
             self.served.resumed_from[request] = out["resumed_from"]
