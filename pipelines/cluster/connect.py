@@ -20,7 +20,6 @@ from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
 from pipelines.cluster.nanny import EmbeddedNanny
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
-from storage import StorageError
 
 GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
@@ -44,6 +43,10 @@ def task_error(exc: BaseException, what: str, resource: str) -> BaseException:
     read-only, corrupt, no permission) as they are, anything else as a :class:`TaskFailedError`
     naming the stage and the worker class."""
     import errno
+
+    # Not at the top: a stock worker imports this package to unpickle the worker plugin before
+    # that plugin takes Dask's spill folder `storage/`, which shadows the package, off sys.path.
+    from storage import StorageError
 
     if isinstance(exc, (StorageError, PermissionError)) or (isinstance(exc, OSError) and exc.errno in (
             errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)):
