@@ -12,8 +12,9 @@
    the groups regroup, cut requests resume from their committed steps, and the chaos run's
    weights and rewards are compared bit for bit with the clean SP run's.
 
-``--quick`` runs scenarios 1 and 2 alone, smaller. The JSON is rewritten after each scenario,
-so a bench cut short keeps what it measured (``complete`` says whether every scenario ran).
+``--quick`` runs scenarios 1 and 2 alone, smaller; ``--scenarios`` picks any of ``main`` (1 and
+2), ``balance`` and ``sp``. The JSON is rewritten after each scenario, so a bench cut short
+keeps what it measured (``complete`` says whether every chosen scenario ran).
 
 Lost steps of a hard kill are measured in time: (kill - the attempt's last commit) / the
 per-step compute time of the clean run. Recovery is kill (or notice) -> the first step the
@@ -43,6 +44,19 @@ from storage import RunStore, stage_key
 DEFAULT_TRACE = "g4dn-events.csv"
 MIN_DROP_GAP_S = 8.0   # the default time scale spaces drops about this far apart (median)
 OUTAGE_MARGIN_S = 60.0   # a replacement spot worker's start and weight load, with room to spare
+SCENARIOS = ("main", "balance", "sp")
+
+
+def chosen_scenarios(names: list[str] | None, quick: bool) -> tuple[str, ...]:
+    """The scenarios to run, in the bench's order: ``names``, or all (``main`` alone when
+    ``quick``)."""
+    if not names:
+        return ("main",) if quick else SCENARIOS
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise ValueError(f"--scenarios {','.join(names)}: unknown {', '.join(unknown)}; "
+                         f"expected some of {', '.join(SCENARIOS)}")
+    return tuple(name for name in SCENARIOS if name in names)
 
 
 def default_trace() -> Path:
@@ -277,8 +291,9 @@ def sp_scenario(cfg: RunConfig, trace_path: Path, root: Path, iterations: int,
 def bench_preemption(quick: bool = False, config: str | None = None, trace: str | None = None,
                      time_scale: float | None = None, iterations: int | None = None,
                      json_path: str | None = None, overrides: dict | None = None,
-                     **_: object) -> dict:
+                     scenarios: list[str] | None = None, **_: object) -> dict:
     started = time.monotonic()
+    chosen = chosen_scenarios(scenarios, quick)
     user_overrides = overrides or {}
     trace_path = Path(trace) if trace else default_trace()
     overrides = {"planner.enabled": False, "exploration.deadline": False,
@@ -295,36 +310,42 @@ def bench_preemption(quick: bool = False, config: str | None = None, trace: str 
     pretrain(cfg)
     build_reward(cfg.reward)
     root = Path(tempfile.mkdtemp(prefix="spotlight-bench-preemption-"))
-    clean = _run(cfg, str(root / "clean"), iterations)
     scale = time_scale or fit_time_scale(trace_path, cfg.cluster.spot_workers)
+    result = {"bench": "preemption", "complete": False, "scenarios": list(chosen),
+              "config": cfg.source, "iterations": iterations, "trace": str(trace_path),
+              "time_scale": scale, "runs": str(root), "machine": machine()}
+    if "main" in chosen:
+        result.update(main_scenario(cfg, trace_path, root, iterations, scale,
+                                    user_overrides.get("preemption.no_spot_wait_s")))
+    # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
+    later = {"balance": lambda: balance(cfg, str(root / "balance")),
+             "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
+    for name in (name for name in chosen if name != "main"):
+        result["wall_s"] = time.monotonic() - started
+        if json_path:
+            write_result(result, json_path)
+        result[name] = later[name]()
+    result.update(complete=True, wall_s=time.monotonic() - started)
+    return result
+
+
+def main_scenario(cfg: RunConfig, trace_path: Path, root: Path, iterations: int, scale: float,
+                  no_spot_wait_s: float | None) -> dict:
+    """Scenarios 1 and 2: the run clean, then under the trace's kills and notices."""
+    clean = _run(cfg, str(root / "clean"), iterations)
     # Requests wait out the trace's longest spell without spot capacity (plus a replacement's
     # start-up) instead of giving up: the bench measures what preemptions lose, not the
     # give-up policy, which has its own test.
     outage = longest_outage_s(scale_to_cap(load_trace(trace_path),
                                            cfg.cluster.spot_workers)) * scale
-    wait = user_overrides.get("preemption.no_spot_wait_s",
-                              max(cfg.preemption.no_spot_wait_s, outage + OUTAGE_MARGIN_S))
+    wait = no_spot_wait_s if no_spot_wait_s is not None else \
+        max(cfg.preemption.no_spot_wait_s, outage + OUTAGE_MARGIN_S)
     chaos_cfg = cfg.with_values({"injector.trace": str(trace_path.resolve()),
                                  "injector.time_scale": scale, "injector.action": "mixed",
                                  "preemption.no_spot_wait_s": wait})
     chaos = _run(chaos_cfg, str(root / "chaos"), iterations)
-    result = {"bench": "preemption", "complete": False, "config": cfg.source,
-              "iterations": iterations, "trace": str(trace_path), "time_scale": scale,
-              "longest_outage_s": outage, "no_spot_wait_s": wait,
-              **chaos_figures(cfg, clean, chaos, root, iterations),
-              "runs": str(root), "machine": machine()}
-    # Each scenario's figures are saved as soon as it ends: a bench cut short keeps them.
-    # --quick stops at the main scenario (SP under kills: tests/pipelines/test_sp_rollout.py).
-    scenarios = {} if quick else {
-        "balance": lambda: balance(cfg, str(root / "balance")),
-        "sp": lambda: sp_scenario(cfg, trace_path, root, iterations, scale)}
-    for name, scenario in scenarios.items():
-        result["wall_s"] = time.monotonic() - started
-        if json_path:
-            write_result(result, json_path)
-        result[name] = scenario()
-    result.update(complete=True, wall_s=time.monotonic() - started)
-    return result
+    return {"longest_outage_s": outage, "no_spot_wait_s": wait,
+            **chaos_figures(cfg, clean, chaos, root, iterations)}
 
 
 def chaos_figures(cfg: RunConfig, clean: dict, chaos: dict, root: Path, iterations: int) -> dict:

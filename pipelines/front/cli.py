@@ -157,6 +157,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options["rounds"] = args.rounds
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
+    if args.scenarios is not None:
+        if args.name != "preemption":
+            print("error: --scenarios applies to 'bench preemption' only", file=sys.stderr)
+            return 2
+        options["scenarios"] = [name.strip() for name in args.scenarios.split(",") if name.strip()]
     if args.set and args.name not in ("convergence", "overhead", "preemption", "simulate"):
         print("error: --set applies to 'bench convergence', 'overhead', 'preemption' and "
               "'simulate'; the other benchmarks measure their documented settings",
@@ -302,6 +307,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",
                    help="preemption: wall seconds per trace second (default: drops about "
                         "8 s apart)")
+    p.add_argument("--scenarios", default=None, metavar="S1,S2",
+                   help="preemption: the scenarios to run, of main (clean and chaos), balance "
+                        "and sp (default: all; --quick: main)")
     p.set_defaults(func=cmd_bench)
 
 

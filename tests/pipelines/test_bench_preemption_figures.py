@@ -63,3 +63,15 @@ def test_step_seconds_leave_out_loading_and_scoring():
                {"stage": "rollout", "steps": 10, "first_step": 1, "first_step_at": 0.0,
                 "last_step_at": 90.0}]
     assert _step_seconds(records) == pytest.approx(0.1)
+
+
+def test_the_chosen_scenarios_run_in_the_bench_order_and_unknown_ones_are_named():
+    from pipelines.bench.preemption import chosen_scenarios
+
+    assert chosen_scenarios(None, quick=False) == ("main", "balance", "sp")
+    assert chosen_scenarios(None, quick=True) == ("main",)
+    assert chosen_scenarios(["sp", "main"], quick=False) == ("main", "sp")
+    assert chosen_scenarios(["sp"], quick=True) == ("sp",)
+    with pytest.raises(ValueError, match=r"--scenarios sp,chaos: unknown chaos; expected some "
+                                         r"of main, balance, sp"):
+        chosen_scenarios(["sp", "chaos"], quick=False)

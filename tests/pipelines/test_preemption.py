@@ -138,7 +138,8 @@ def test_a_sigterm_notice_hands_a_rollout_request_back_at_a_step_boundary_losing
         out = pool.close()
 
     summary = pool.summary()
-    assert summary["preemptions_graceful"] == 1 and summary["preemptions_hard"] == 0
+    story = [{k: v for k, v in e.items() if k != "at"} for e in pool.log]
+    assert summary["preemptions_graceful"] == 1 and summary["preemptions_hard"] == 0, story
     assert "r" in out
     handback = [e for e in pool.log if e["kind"] == "requeued"]
     assert len(handback) == 1 and not handback[0]["hard"]
