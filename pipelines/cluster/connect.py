@@ -1,8 +1,9 @@
 """The Dask cluster of a run: an embedded one on this machine, or an existing scheduler.
 
 Embedded: on-demand workers carry ``resources={"gpu": 1}``, spot workers ``{"spot": 1}``; each
-is a separate process (spawned, because s3fs is not fork-safe) with one thread and torch
-pinned to it, and every process listens on 127.0.0.1 only. Remote: ``dask worker ADDR
+is a separate process (forked from a server that preloaded the project, or spawned:
+``cluster.start_method``) with one thread and torch pinned to it, and every process listens on
+127.0.0.1 only. Remote: ``dask worker ADDR
 --resources "gpu=1"`` / ``"spot=1"`` workers, over TLS (``cluster.tls``) when the cluster spans
 machines. Connecting has one hard deadline (``cluster.connect_timeout_s``) for the handshake
 and the worker classes; during a run, a stage that has no worker of its class left for
@@ -11,13 +12,14 @@ and the worker classes; during a run, a stage that has no worker of its class le
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
-from pipelines.cluster.nanny import EmbeddedNanny
+from pipelines.cluster.nanny import EmbeddedNanny, use_start_method
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
 
@@ -169,7 +171,9 @@ def worker_spec(name: str, resource: str, config: ClusterConfig,
                 log_file: str | Path | None = None) -> dict:
     """One embedded worker process under its nanny; ``log_file``: where its Dask messages go."""
     threads = str(config.threads_per_worker)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    # The driver's environment now (S3 credentials, cache folders), as a spawned process would
+    # inherit it: a process forked from the server would see the server's, from its start.
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     if log_file is not None:
         env[LOG_ENV] = str(log_file)
     # host: the nanny, the worker and the worker's HTTP endpoint all bind loopback only; Dask
@@ -235,8 +239,8 @@ def start_embedded(config: ClusterConfig, *, log_file: str | Path) -> ClusterHan
                     for i in range(spot)})
     scheduler = {"cls": Scheduler, "options": {
         "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0"}}
-    settings = {"distributed.worker.multiprocessing-method": "spawn",
-                "distributed.scheduler.work-stealing": False,
+    use_start_method(config.start_method)
+    settings = {"distributed.scheduler.work-stealing": False,
                 MALLOC_TRIM_KEY: None, **QUIET_EVENT_LOOPS}
     if not config.dashboard:   # no HTTP endpoint in any process at all
         settings.update({"distributed.scheduler.http.routes": [],

@@ -338,6 +338,12 @@ class ClusterConfig(Validated):
         "help": "Mutual TLS to an existing scheduler (see cluster.tls.*)."})
     spot_nice: int = spec(10, "CPU niceness of embedded spot workers: on a shared machine they "
                               "take spare cycles only, as a separate spot VM would.", range=(0, 19))
+    start_method: str = spec("forkserver", "How the embedded cluster starts its worker "
+                                           "processes: 'forkserver' forks them from one "
+                                           "process that imported the project once (a worker "
+                                           "is up in well under a second); 'spawn' starts each "
+                                           "as a fresh interpreter (seconds each).",
+                             choices=("forkserver", "spawn"))
 
 
 NOTICE_SOURCES = ("sigterm", "file", "aws", "gcp", "azure")
