@@ -47,9 +47,13 @@ class GlooPeers:
                 self.group.allreduce([flat]).wait()
             except BaseException:
                 # This member leaves at once: a peer blocked on it fails too instead of
-                # waiting out the timeout, and the driver forms the group anew.
+                # waiting out the timeout, and the driver forms the group anew. Only the
+                # communicator's destruction closes its connections (abort does not), and
+                # the error Dask keeps holds this object: drop the reference here.
                 _PEERS.clear()
-                _abort(self.group)
+                group, self.group = self.group, None
+                _abort(group)
+                del group
                 raise
             offset = 0
             for t in same:
