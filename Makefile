@@ -19,8 +19,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
+# Two test processes, each taking whole files (module fixtures are made once): most tests wait
+# on worker processes and sockets, not on the CPU, so two share the two cores well.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV) runs reports

@@ -178,10 +178,12 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     with torch.no_grad():
         reference = model(**request_inputs(), return_dict=False)[0]
-    # One "device" per worker process; a killed one's nanny starts a fresh process.
+    # One "device" per worker process; a killed one's nanny starts a fresh process -- a fresh
+    # interpreter (spawned), as a restarted process on a real node is: the cold start the
+    # regroup is compared with includes the imports a forked worker would skip.
     dask_log = run_log_file(url).path
-    handle = start_embedded(ClusterConfig(gpu_workers=devices, spot_workers=0, dashboard=False),
-                            log_file=dask_log)
+    handle = start_embedded(ClusterConfig(gpu_workers=devices, spot_workers=0, dashboard=False,
+                                          start_method="spawn"), log_file=dask_log)
     with contextlib.closing(handle):
         client = handle.client
         bench = Bench(client, url, reference)

@@ -41,7 +41,9 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
         DigitsPolicy.load(tmp_path / "nowhere")
 
 
-def test_pretrain_smoke_caches_by_config_hash(tiny_config):
+def test_pretrain_smoke_caches_by_config_hash(tiny_config, tmp_path, monkeypatch):
+    # A cache of its own: other tests of this process may have pretrained the same config.
+    monkeypatch.setenv("SPOTLIGHT_CACHE", str(tmp_path))
     first = pretrain(tiny_config, progress=False)
     assert not first.cached and first.steps == 3
     meta = json.loads((first.directory / "pretrain.json").read_text())
