@@ -220,10 +220,20 @@ def remote_cluster(tmp_path):
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
 
     def worker(resource: str, name: str) -> None:
+        """Start a stock worker and return once the scheduler lists it: a test's short connect
+        timeout is then about the cluster's shape, not how fast a loaded machine starts it."""
+        from distributed import Client
+
         procs.append(subprocess.Popen(
             dask[:2] + ["distributed.cli.dask_worker", address, "--nthreads", "1", "--name", name,
                         "--resources", f"{resource}=1", "--no-dashboard", "--memory-limit", "0"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 180
+        with Client(address, timeout=120) as client:
+            while not any(w.get("name") == name for w in
+                          client.scheduler_info(n_workers=-1)["workers"].values()):
+                assert time.monotonic() < deadline, f"worker {name} never joined {address}"
+                time.sleep(0.2)
 
     yield address, worker
     for p in procs:
