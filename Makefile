@@ -19,7 +19,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
-# One test process: with two (pytest -n 2 --dist loadfile: 25 min instead of 39) the load
+# One test process: with two (pytest-xdist, -n 2 --dist loadfile: 25 min instead of 39) the load
 # brought out timing races in the preemption tests' own choreography in 2 of 2 runs.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=20

@@ -24,10 +24,10 @@ from distributed.utils import get_mp_context
 
 CLOSE_S = 20.0
 START_METHOD_KEY = "distributed.worker.multiprocessing-method"
-# What a worker imports to run the project's tasks; anything else it imports when first used.
-WORKER_MODULES = ("pipelines.cluster.worker_setup", "pipelines.run.tasks",
-                  "pipelines.parallel.executor", "pipelines.parallel.training", "zarr",
-                  "diffusers")
+# What every worker imports to run the project's tasks (a model's own packages, diffusers for
+# one, it imports when first used: a digits run's workers never need them).
+WORKER_MODULES = ("distributed", "pipelines.cluster.worker_setup", "pipelines.run.tasks",
+                  "pipelines.parallel.executor", "pipelines.parallel.training", "zarr")
 
 
 class EmbeddedNanny(Nanny):
@@ -38,24 +38,17 @@ class EmbeddedNanny(Nanny):
         await super().kill(timeout=timeout, reason=reason)
 
 
-def usable_start_method(requested: str) -> str:
-    """``requested``, or ``spawn`` where this platform cannot fork a server (Windows)."""
-    return requested if requested in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def use_start_method(method: str) -> str:
-    """Start every nanny's worker process of this (driver) process with ``method``; returns the
-    method used.
+def use_start_method(method: str) -> None:
+    """Start every nanny's worker process of this (driver) process with ``method`` (``spawn``
+    where the platform cannot fork a server: Windows).
 
     Dask reads the method from its global config each time a nanny starts a process -- a
     replacement spot worker or a restart after a kill as well, long after the cluster started
     -- so it is set for the process, not for the cluster's start alone. The forkserver's
-    preload is fixed when the server starts: set here, before any process started (Dask's own
-    list goes first; later calls keep it)."""
-    method = usable_start_method(method)
+    preload is fixed when the server starts: set here, before any process started (Dask sets
+    its own list on first use, so it is asked first and this list replaces it)."""
+    if method not in multiprocessing.get_all_start_methods():
+        method = "spawn"
     dask.config.set({START_METHOD_KEY: method})
     if method == "forkserver":
-        context = get_mp_context()   # Dask sets its own preload once, on first use
-        preload = ["distributed", *WORKER_MODULES]
-        context.set_forkserver_preload(preload)
-    return method
+        get_mp_context().set_forkserver_preload(list(WORKER_MODULES))
