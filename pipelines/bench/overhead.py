@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import tasks
 from pipelines.run.rollout import rollout_task
 from pipelines.bench.registry import machine, register_bench, write_result
@@ -59,7 +60,7 @@ def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) ->
         if (k + 1) % config.validation.every == 0 or k + 1 == iterations:
             tasks.validation_task(config, store, k + 1, val, k + 1)
         walls.append(time.time() - start)
-    tasks.forget_contexts()
+    reset_runtime()
     return walls
 
 

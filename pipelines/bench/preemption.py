@@ -247,7 +247,7 @@ def balance(config: RunConfig, url: str) -> dict:
                 count: dict[str, int] = {}
                 finish: dict[str, float] = {}
                 for o in outs:
-                    r = o["record"]
+                    r = o.record
                     busy[r["worker"]] = busy.get(r["worker"], 0.0) + r["end"] - r["start"]
                     count[r["worker"]] = count.get(r["worker"], 0) + 1
                     finish[r["worker"]] = max(finish.get(r["worker"], 0.0), r["end"] - started)

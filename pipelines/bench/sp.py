@@ -29,7 +29,9 @@ from pipelines.cluster import start_embedded
 from pipelines.cluster.dask_log import run_log_file
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
-from pipelines.parallel.serve import GroupServer, after_seconds, denoise_requests, kill_when
+from pipelines.bench.sp_chaos import after_seconds, kill_when
+from pipelines.bench.sp_requests import denoise_alone, denoise_requests
+from pipelines.parallel.serve import GroupServer
 from spotlight.config import ClusterConfig
 from storage import RunStore
 
@@ -153,8 +155,8 @@ def chaos(client, url: str, model, kills_s: list[float], requests: int = 8,
     served = GroupServer(sp, denoise_requests(inputs, steps, url)).run(
         kill_when([after_seconds(t) for t in kills_s]))
     wall = time.perf_counter() - started
-    diffs = {name: float((served.results[name]["latents"]
-                          - executor.denoise_alone(model, request, steps)).abs().max())
+    diffs = {name: float((served.results[name].latents
+                          - denoise_alone(model, request, steps)).abs().max())
              for name, request in inputs.items()}
     cut = [n for n, a in served.attempts.items() if a > 1]
     return {"requests": requests, "steps": steps, "kills": served.losses,

@@ -22,6 +22,7 @@ from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
 from pipelines.cluster.nanny import EmbeddedNanny, use_start_method
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
+from spotlight.modes import mode_of
 
 GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
@@ -355,7 +356,7 @@ def check_shape(handle: ClusterHandle, mode: str, config: ClusterConfig, address
     deadline = deadline or time.monotonic() + config.worker_wait_s
     while True:
         have = handle.workers_by_class()
-        needs_spot = mode == "spotlight"
+        needs_spot = mode_of(mode).needs_spot
         if have[GPU] and (have[SPOT] or not needs_spot):
             return mode
         if time.monotonic() >= deadline:

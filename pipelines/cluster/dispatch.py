@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
-from pipelines.cluster.preemption import NOTICE_TOPIC
+from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
 from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch_events import event_record
@@ -219,6 +219,14 @@ class RequestPool:
 
     def _lose(self, addr: str) -> None:
         """A spot worker is gone: its attempts are requeued (hard) and forgotten."""
+        # What it finished before it left is settled first: a request it handed back after a
+        # notice, then retired, is a graceful preemption, not a hard one (seen under load,
+        # when the pool looked at the workers before at the finished futures).
+        for future, (_, _, worker, _) in list(self._attempts.items()):
+            if worker == addr and future.status == "finished":
+                self._settle(future)
+        if addr not in self._addresses:   # settling found the result gone with its worker
+            return
         self._note("worker_lost", worker=self._addresses[addr])
         self._report_progress(addr)
         self._drop_attempts_on(addr)
@@ -291,16 +299,16 @@ class RequestPool:
             self._apply(self._handle(
                 ResultLost(request, attempt, worker, alive, self._committed(request)[0])))
             return
-        if out.get("preempted"):
+        if isinstance(out, HandedBack):
             # A hand-back says its worker heard a notice, maybe before its notice event
             # arrives here: drain it first, or the request would be handed straight back to it.
             state = self.dispatcher.workers.get(worker)
             if state is not None and state.state is WorkerState.ACTIVE:
                 self._apply(self._handle(NoticeReceived(worker, "hand-back")))
             self._note("handed_back", request=request, attempt=attempt,
-                       worker=self._addresses.get(worker, worker), step=out["step"],
-                       computed_step=out.get("computed_step", out["step"]))
-            self._apply(self._handle(RequestPreempted(request, attempt, out["step"])))
+                       worker=self._addresses.get(worker, worker), step=out.step,
+                       computed_step=out.computed_step)
+            self._apply(self._handle(RequestPreempted(request, attempt, out.step)))
             return
         self.results.setdefault(request, out)
         self._apply(self._handle(RequestDone(request, attempt,

@@ -15,12 +15,14 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
 from spotlight.config import PreemptionConfig
 from pipelines.cluster.notices import build_sources, first_notice
 from spotlight.scheduling.notice import Notice
 
 NOTICE_TOPIC = "spotlight-preemption"
+WARM_UP_KEY = "newcomer-"   # the key prefix of a joining worker's weight loading (no hand-back)
 log = logging.getLogger(__name__)
 
 _NOTICED = threading.Event()
@@ -33,6 +35,18 @@ class StopAtStep(Exception):
     def __init__(self, step: int) -> None:
         super().__init__(f"preemption notice: stopping after step {step}")
         self.step = step
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """What a request task returns when a notice stopped it: a result, not a failure. Every
+    step through ``step`` is committed in the run store (the next attempt resumes there); the
+    task had computed through ``computed_step`` (the difference is what the notice cost)."""
+
+    request: str
+    step: int
+    computed_step: int
+    record: dict
 
 
 def noticed() -> Notice | None:
@@ -59,6 +73,11 @@ def reset_notice() -> None:
     """Forget a received notice (tests running requests in one process)."""
     _NOTICE.clear()
     _NOTICED.clear()
+
+
+def _handing_back(worker) -> bool:
+    """Whether a task that can hand back (a request) still runs on ``worker``."""
+    return any(not str(ts.key).startswith(WARM_UP_KEY) for ts in worker.state.executing)
 
 
 def _polled_sources(cfg: PreemptionConfig) -> list:
@@ -119,8 +138,11 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             # Info: preemption is routine on spot and the driver reports it (not one line each).
             log.info("spot preemption notice (%s): handing requests back, then retiring",
                      notice.source)
-            # Running requests stop at their next step boundary (check_notice) and return.
-            while worker.state.executing_count:
+            # Running requests stop at their next step boundary (check_notice) and return. A
+            # weight loading has nothing to hand back and cannot stop midway: it is left behind
+            # (waiting for it kept noticed workers alive by the dozen under a fast trace, each
+            # slowing the others' loading, until no newcomer ever joined).
+            while _handing_back(worker):
                 await asyncio.sleep(0.05)
             if worker.status.name in ("closing", "closed", "closing_gracefully", "failed"):
                 return   # the cluster is shutting it down already; nothing left to retire

@@ -16,6 +16,9 @@ A worker plugin registered by the session (so workers that join later get it too
   2.3x as long (README). The plugin raises glibc's thresholds back with ``mallopt``, stops the
   worker's statistical profiler (a stack sample every 10 ms that takes the GIL from the task)
   and slows the event loop's 20 ms ticks; torch runs ``cluster.threads_per_worker`` threads.
+- **The worker's runtime.** What the worker keeps between tasks (a run's models, SP and
+  training groups) lives in the plugin's :class:`~pipelines.cluster.runtime.WorkerRuntime`,
+  made at set-up and dropped at teardown.
 - **Spot priority.** On a shared machine (the embedded cluster) spot workers run niced, as a
   separate spot VM would take only its own cycles.
 """
@@ -29,6 +32,7 @@ import signal
 import sys
 import threading
 from pipelines.cluster.dask_log import LOG_ENV, route_to_file
+from pipelines.cluster.runtime import PLUGIN_NAME, WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +108,16 @@ def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True):
     from distributed import WorkerPlugin
 
     class SpotlightWorkerSetup(WorkerPlugin):
-        name = "spotlight-worker-setup"
+        name = PLUGIN_NAME
 
         def __init__(self, threads: int, spot_nice: int, http: bool) -> None:
             self.threads, self.spot_nice, self.http = threads, spot_nice, http
+            self.runtime: WorkerRuntime | None = None   # made on the worker, never pickled
 
         def setup(self, worker) -> None:
             import torch
+
+            self.runtime = WorkerRuntime()   # what the worker keeps between tasks
 
             repaired = unshadow_project_packages(getattr(worker, "local_directory", None))
             if repaired:
@@ -123,5 +130,9 @@ def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True):
                 os.nice(self.spot_nice)
             if not self.http and getattr(worker, "http_server", None) is not None:
                 worker.http_server.stop()
+
+        def teardown(self, worker) -> None:
+            if self.runtime is not None:
+                self.runtime.clear()   # the run's models go with the worker
 
     return SpotlightWorkerSetup(threads, spot_nice, http)

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from spotlight.config import ConfigError, load_config, parse_override
+from spotlight.modes import MODE_NAMES
 
 DEFAULT_CONFIG = "configs/digits.yaml"
 
@@ -252,7 +253,7 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                         "exactly as stored: only --iterations (extend or shorten it) and "
                         "--scheduler (another cluster) may go with it; --config, --set, --mode, "
                         "--store and --preempt-* are refused")
-    p.add_argument("--mode", choices=("spotlight", "vanilla", "sync", "rlboost"), default=None,
+    p.add_argument("--mode", choices=MODE_NAMES, default=None,
                    help="spotlight (stale exploration on spot), sync, vanilla, or rlboost "
                         "(rollouts on gpu and spot, no exploration) (default: config)")
     p.add_argument("--preempt-trace", metavar="PATH", default=None,

@@ -28,6 +28,7 @@ from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, 
                               load_config)
 from spotlight.models.base import base_policy, check_policy
 from spotlight.models.prompts import world_prompts
+from spotlight.modes import MODE_NAMES, MODES, mode_of
 from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
 
@@ -74,7 +75,7 @@ class Session:
             config = load_config(path, overrides)
         if mode is not None:
             if mode not in MODES:
-                raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+                raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODE_NAMES)}")
             config = config.with_values(mode_values(config, mode))
         # Everything is checked before anything is written: the config and its files (above),
         # the store URL (no run there yet), the cluster; only then is the run store created.
@@ -269,14 +270,12 @@ class Session:
 __all__ = ["Session", "RunInterrupted"]
 
 
-MODES = ("spotlight", "sync", "vanilla", "rlboost")
-
-
 def mode_values(config: RunConfig, mode: str) -> dict:
     """The config changes of running ``config`` in ``mode``: 'rlboost' also rolls out on spot
     workers unless the config already places the rollout there."""
     changes: dict[str, Any] = {"mode": mode}
-    if mode == "rlboost" and config.placement.rollout and "spot" not in config.placement.rollout:
+    if mode_of(mode).hybrid_rollout and config.placement.rollout and \
+            "spot" not in config.placement.rollout:
         changes["placement.rollout"] = [*config.placement.rollout, "spot"]
     return changes
 
@@ -314,7 +313,9 @@ def _check_placement(config: RunConfig, handle: ClusterHandle, mode: str) -> Non
     """Every stage has at least one worker of a class it may run on. (Stale exploration with
     no spot worker is ``cluster.missing_spot``'s to decide.)"""
     present = handle.workers_by_class()
-    stages = ("rollout", "reward", "train") + (("explore",) if mode == "sync" else ())
+    mode_ = mode_of(mode)
+    stages = ("rollout", "reward", "train") + (("explore",) if mode_.explores and not mode_.stale
+                                              else ())
     for stage in stages:
         classes = config.placed(stage, mode)
         if not any(present.get(c) for c in classes):

@@ -1,12 +1,12 @@
 """Persistent SP executors: the Dask worker processes themselves, holding a model between tasks.
 
 Each function here runs as a task pinned to one worker. The executor's state (the model, its
-weights version, the process group it is in and the rendezvous it hosts) lives in the worker
-process, in this module, from task to task -- so a group that loses a member is rebuilt by the
-survivors without reloading anything: a new process group over a new rendezvous, the weights
-copied to a newcomer from a peer (through the node's shared memory, or over the network from
-another node), the same model object with its attention processors swapped
-(:mod:`spotlight.parallel.ulysses`).
+weights version, the process group it is in and the rendezvous it hosts) lives in the worker's
+runtime (:mod:`pipelines.cluster.runtime`) from task to task -- so a group that loses a member
+is rebuilt by the survivors without reloading anything: a new process group over a new
+rendezvous, the weights copied to a newcomer from a peer (through the node's shared memory, or
+over the network from another node), the same model object with its attention processors
+swapped (:mod:`spotlight.parallel.ulysses`).
 
 A process is in at most one group at a time, so the group is torch.distributed's default
 group, destroyed and initialised again at each membership epoch.
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipelines.cluster.runtime import runtime
 from pipelines.run import tasks
 from spotlight.parallel import ulysses
 from storage import RunStore
@@ -56,7 +57,9 @@ class ExecutorState:
     run: bool = False           # holds a run's policy (its context's), not a bare transformer
 
 
-STATE = ExecutorState()
+def state() -> ExecutorState:
+    """This worker's executor: its slot in the worker's runtime."""
+    return runtime().slot("sp-executor", ExecutorState)
 
 
 class WeightsNotHeldError(RuntimeError):
@@ -83,13 +86,14 @@ def build_model(spec: dict) -> torch.nn.Module:
 def _install(spec: dict, weights, version: int) -> dict:
     """Take ``weights()`` (a state dict) as ``version``, building the model first if this
     process has none; the seconds of each part."""
+    st = state()
     started = time.perf_counter()
     if "run" in spec:
         return _install_run(spec, weights, version, started)
-    STATE.model = STATE.model or build_model(spec)
+    st.model = st.model or build_model(spec)
     built = time.perf_counter()
-    STATE.model.load_state_dict(weights())
-    STATE.version = version
+    st.model.load_state_dict(weights())
+    st.version = version
     return {"build_s": built - started, "load_s": time.perf_counter() - built}
 
 
@@ -99,23 +103,24 @@ def run_context(spec: dict):
 
 
 def _install_run(spec: dict, weights, version: int, started: float) -> dict:
-    ctx = run_context(spec)
+    st, ctx = state(), run_context(spec)
     built = time.perf_counter()
     with ctx.lock:
         if ctx.version != version:   # the trainer's worker may hold it already
             ctx.policy.load_state_dict(weights())
             ctx.version, ctx.trainer_version = version, None
-        STATE.model, STATE.version, STATE.run = ctx.policy, version, True
+        st.model, st.version, st.run = ctx.policy, version, True
     return {"build_s": built - started, "load_s": time.perf_counter() - built}
 
 
 def _state_dict(spec: dict | None, version: int | None) -> dict:
     """The weights this executor holds -- for a run, those of ``version`` (other tasks on the
     worker may have moved its context to another version since)."""
+    st = state()
     if spec is None or "run" not in spec:
-        if version is not None and STATE.version != version:
-            raise WeightsNotHeldError(STATE.version, version, "a peer asked to copy version")
-        return STATE.model.state_dict()
+        if version is not None and st.version != version:
+            raise WeightsNotHeldError(st.version, version, "a peer asked to copy version")
+        return st.model.state_dict()
     ctx = run_context(spec)
     with ctx.lock:
         return {k: v.detach().clone() for k, v in ctx.policy_at(version).state_dict().items()}
@@ -130,27 +135,29 @@ def load_from_store(spec: dict, url: str, version: int) -> dict:
 
 def open_rendezvous() -> tuple[str, int]:
     """Host a new rendezvous for a group this executor will be rank 0 of: (host, port)."""
+    st = state()
     host = _own_host()
-    STATE.rendezvous = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+    st.rendezvous = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                                      timeout=JOIN_TIMEOUT)
-    return host, STATE.rendezvous.port
+    return host, st.rendezvous.port
 
 
 def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) -> dict:
     """Leave the current group and form group ``epoch`` as ``rank`` of ``world`` (every member
     must hold ``version`` already). Returns the seconds it took."""
-    if STATE.version != version:   # the driver asked what it holds just before: a bug
-        raise WeightsNotHeldError(STATE.version, version, "the group it joins serves version")
+    st = state()
+    if st.version != version:   # the driver asked what it holds just before: a bug
+        raise WeightsNotHeldError(st.version, version, "the group it joins serves version")
     started = time.perf_counter()
     leave()
-    store = STATE.rendezvous if rank == 0 else dist.TCPStore(
+    store = st.rendezvous if rank == 0 else dist.TCPStore(
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
                             rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
     dist.distributed_c10d._set_pg_timeout(STEP_TIMEOUT)   # joined: collectives may wait longer
-    if not STATE.run:   # a run's policy is shared with other tasks: switched per request
-        ulysses.enable(STATE.model, dist.group.WORLD)
-    STATE.epoch = epoch
+    if not st.run:   # a run's policy is shared with other tasks: switched per request
+        ulysses.enable(st.model, dist.group.WORLD)
+    st.epoch = epoch
     return {"communicator_s": time.perf_counter() - started}
 
 
@@ -158,21 +165,23 @@ def leave(abort: bool = False) -> None:
     """Leave the current group, if any (its communicator is dropped, the model kept). With
     ``abort`` (this member failed mid-collective) its connections are closed at once, so a peer
     blocked on it fails too instead of waiting :data:`STEP_TIMEOUT`."""
+    st = state()
     if dist.is_initialized():
         if abort:
             _abort(dist.distributed_c10d._get_default_group())
         dist.destroy_process_group()
-    if STATE.ddp is not None:   # it trained last: serving again takes the model as it was
-        STATE.model.eval().requires_grad_(False)
-    STATE.epoch = STATE.ddp = None
+    if st.ddp is not None:   # it trained last: serving again takes the model as it was
+        st.model.eval().requires_grad_(False)
+    st.epoch = st.ddp = None
 
 
 def share_weights(spec: dict | None = None, version: int | None = None) -> str:
     """Put this executor's weights (of ``version``, default the one it holds) in the node's
     shared memory, once per version; the file a peer on this node loads them from."""
+    st = state()
     from safetensors.torch import save_file
 
-    version = STATE.version if version is None else version
+    version = st.version if version is None else version
     path = SHARED_DIR / f"spotlight-weights-{os.getpid()}-v{version}.safetensors"
     for older in SHARED_DIR.glob(f"spotlight-weights-{os.getpid()}-v*.safetensors"):
         if older != path:   # shared memory is the node's RAM: one version per executor
@@ -203,67 +212,15 @@ def load_weights(spec: dict, weights: dict, version: int) -> dict:
 
 def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     """This member's part of one SP forward; rank 0 returns the whole output."""
+    st = state()
     check_epoch(epoch)
-    if STATE.ddp is not None:   # the group trained last: back to sequence parallelism
-        STATE.ddp = None
-        STATE.model.eval().requires_grad_(False)
-        ulysses.enable(STATE.model, dist.group.WORLD)
+    if st.ddp is not None:   # the group trained last: back to sequence parallelism
+        st.ddp = None
+        st.model.eval().requires_grad_(False)
+        ulysses.enable(st.model, dist.group.WORLD)
     with breaks_on_error():
-        out = ulysses.forward(STATE.model, dist.group.WORLD, **inputs)
+        out = ulysses.forward(st.model, dist.group.WORLD, **inputs)
     return out if dist.get_rank() == 0 else None
-
-
-def denoise(epoch: int, inputs: dict, steps: int, url: str | None = None,
-            request: str | None = None) -> dict | None:
-    """A request of ``steps`` Euler steps from ``inputs``' latents (sigma 1 -> 0), each step an
-    SP forward; rank 0 returns the final ``latents`` and the step it ``resumed_from``. With a run store ``url``, rank 0 commits
-    every step's latent under ``request`` (stage ``sp``), and a request that was cut off --
-    its group broken by a lost member -- resumes on whatever group runs it next from its last
-    committed step."""
-    rank = dist.get_rank()
-    store = sink = None
-    start, latents = 0, inputs["hidden_states"]
-    if url is not None and rank == 0:
-        store = RunStore.open(url, create=False)
-        point = store.resume_point("sp", request)
-        if point is not None:
-            start, latents = point.step, torch.from_numpy(point.latent)
-        sink = store.latent_sink("sp", commit_interval_s=0.0)
-    begin = torch.tensor([start])
-    with breaks_on_error():
-        dist.broadcast(begin, src=0)   # where the request stands, for every member
-        latents = latents.clone()
-        dist.broadcast(latents, src=0)
-    start = int(begin.item())
-    sigmas = torch.linspace(1.0, 0.0, steps + 1)
-    try:
-        if sink is not None and start == 0:
-            sink.commit(request, 0, latents.numpy(), num_steps=steps, weights_version=STATE.version)
-        for k in range(start, steps):
-            velocity = forward(epoch, {**inputs, "hidden_states": latents,
-                                       "timestep": sigmas[k].reshape(1)})
-            if rank == 0:
-                latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
-                if sink is not None:
-                    sink.commit(request, k + 1, latents.numpy(), num_steps=steps,
-                                weights_version=STATE.version)
-            with breaks_on_error():
-                dist.broadcast(latents, src=0)
-    finally:
-        if sink is not None:   # what was computed is kept, also when a peer is lost
-            sink.close(raise_errors=False)
-    return {"latents": latents, "resumed_from": start} if rank == 0 else None
-
-
-@torch.no_grad()
-def denoise_alone(model, inputs: dict, steps: int) -> torch.Tensor:
-    """What :func:`denoise` computes, in one process: the reference a group must match."""
-    latents, sigmas = inputs["hidden_states"], torch.linspace(1.0, 0.0, steps + 1)
-    for k in range(steps):
-        velocity = model(**{**inputs, "hidden_states": latents,
-                            "timestep": sigmas[k].reshape(1)}, return_dict=False)[0]
-        latents = latents + (sigmas[k + 1] - sigmas[k]) * velocity
-    return latents
 
 
 def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
@@ -272,33 +229,34 @@ def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
     batch (along the batch axis), DDP averages the gradients over the group, every member
     applies the same SGD step and then holds weights ``version``. Rank 0 returns the averaged
     gradients (the single-process step's on the whole batch, a test checks)."""
+    st = state()
     from torch.nn.parallel import DistributedDataParallel
 
     check_epoch(epoch)
-    model = STATE.model
-    if STATE.ddp is None or STATE.ddp[0] != epoch:
+    model = st.model
+    if st.ddp is None or st.ddp[0] != epoch:
         ulysses.disable(model)   # the group is data-parallel: whole sequences, full attention
         model.train().requires_grad_(True)
-        STATE.ddp = (epoch, DistributedDataParallel(model, find_unused_parameters=True))
+        st.ddp = (epoch, DistributedDataParallel(model, find_unused_parameters=True))
     rank, world = dist.get_rank(), dist.get_world_size()
     size = target.shape[0] // world
     mine = slice(rank * size, (rank + 1) * size)
     shard = {k: v[mine] for k, v in batch.items()}
     model.zero_grad(set_to_none=True)
-    out = STATE.ddp[1](**shard, return_dict=False)[0]
+    out = st.ddp[1](**shard, return_dict=False)[0]
     torch.nn.functional.mse_loss(out, target[mine]).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
                 p -= lr * p.grad
-    STATE.version = version
+    st.version = version
     return grads if rank == 0 else None
 
 
 def holds() -> int | None:
     """The weights version this executor holds (None: none)."""
-    return STATE.version
+    return state().version
 
 
 def _abort(group) -> None:
@@ -321,17 +279,22 @@ def breaks_on_error():
 
 
 def check_epoch(epoch: int) -> None:
-    if STATE.epoch != epoch:
-        raise RuntimeError(f"executor is in group epoch {STATE.epoch}, asked for {epoch}: "
+    st = state()
+    if st.epoch != epoch:
+        raise RuntimeError(f"executor is in group epoch {st.epoch}, asked for {epoch}: "
                            "form the group first")
 
 
 @dataclass(frozen=True)
 class GroupMember:
     """This process's place in its group, for code that runs the same on every member and
-    only lets rank 0 write (:func:`pipelines.run.tasks._sample_streamed`)."""
+    only lets rank 0 write (:func:`pipelines.run.streamed.sample_streamed`)."""
 
     rank: int
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size()
 
     @property
     def leads(self) -> bool:

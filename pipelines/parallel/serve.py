@@ -4,9 +4,9 @@ Requests wait in the project's dispatcher (:mod:`spotlight.scheduling.dispatch`)
 one when it is free. When an executor is lost, the groups the membership dissolves are workers
 lost to the dispatcher -- their requests go back to the front of the queue with their committed
 step -- and the groups it forms are workers joining. A request runs one function on every
-member of the group (:func:`pipelines.parallel.executor.denoise`, or the pipeline's SP rollout
-request) that commits every step to the run store, so a request cut by a loss resumes on
-whatever group pulls it next, of whatever degree.
+member of the group (the pipeline's SP rollout request, or bench sp's
+:func:`pipelines.bench.sp_requests.denoise`) that commits every step to the run store, so a
+request cut by a loss resumes on whatever group pulls it next, of whatever degree.
 """
 from __future__ import annotations
 
@@ -14,12 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipelines.parallel import executor
-from pipelines.parallel.groups import (LOSS_GRACE_S, ExecutorGone, SPGroups, kill_executors,
-                                      live_workers)
+from pipelines.parallel.groups import LOSS_GRACE_S, ExecutorGone, SPGroups, live_workers
 from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
                                            WorkerJoined, WorkerLost)
-from storage import RunStore
 
 FETCH_TIMEOUT_S = 5.0   # fetching a finished answer; past it, its worker may have died holding it
 
@@ -36,11 +33,6 @@ class Served:
 
 class GroupRequestFailed(RuntimeError):
     """A request failed on a group that lost nobody: a bug, not a preemption."""
-
-
-def denoise_requests(inputs: dict, steps: int, url: str) -> dict:
-    """Requests of :func:`~pipelines.parallel.executor.denoise` (name -> its inputs)."""
-    return {name: (executor.denoise, (x, steps, url, name)) for name, x in inputs.items()}
 
 
 class GroupServer:
@@ -147,8 +139,8 @@ class GroupServer:
                 self.running[future] = (request, attempt, group, [future])
             return
         self.served.results[request] = out
-        if "resumed_from" in out:
-            self.served.resumed_from[request] = out["resumed_from"]
+        # A request's answer says which step its attempt resumed from (RolledOut, Denoised).
+        self.served.resumed_from[request] = out.resumed_from
         self._apply(self.dispatcher.handle(RequestDone(request, attempt)))
 
     def _failed(self, request: str, group: str, error: BaseException) -> None:
@@ -179,57 +171,3 @@ class GroupServer:
         raise GroupRequestFailed(
             f"request {request!r} failed on SP group {group} ({', '.join(members.members)}), "
             f"which lost no member: {type(error).__name__}: {error}") from error
-
-
-Condition = Callable[["GroupServer"], "str | None"]
-
-
-def kill_when(conditions: list[Condition]) -> Callable[["GroupServer"], None]:
-    """An ``on_tick`` that, each time the next of ``conditions`` names a busy group, SIGKILLs
-    that group's last member and reports the loss (the fresh process its nanny starts joins
-    through :meth:`GroupServer.follow_cluster`, copying the weights from a peer)."""
-    left = list(conditions)
-
-    def tick(server: GroupServer) -> None:
-        client = server.sp.client
-        group = left[0](server) if left else None
-        if group is None or group not in server.sp.membership.groups:
-            return
-        left.pop(0)
-        victim = server.sp.membership.groups[group].members[-1]
-        kill_executors(client, [victim])
-        while victim in live_workers(client):
-            time.sleep(0.005)
-        server.lost(victim)
-
-    return tick
-
-
-def _busy(server: GroupServer) -> list[tuple[str, str]]:
-    """(request, group) of every running request whose group still stands, by group name."""
-    return sorted((request, group) for request, _, group, _ in server.running.values()
-                  if group in server.sp.membership.groups)
-
-
-def after_seconds(seconds: float) -> Condition:
-    """The first busy group, ``seconds`` after serving began (a trace's next preemption)."""
-    start: list[float] = []
-
-    def due(server: GroupServer) -> str | None:
-        start.append(start[0] if start else time.perf_counter())
-        busy = _busy(server)
-        return busy[0][1] if busy and time.perf_counter() - start[0] >= seconds else None
-
-    return due
-
-
-def after_committed(steps: int, url: str, stage: str = "sp") -> Condition:
-    """The group of a running request that has committed at least ``steps`` steps to the run
-    store at ``url``."""
-
-    def due(server: GroupServer) -> str | None:
-        store = RunStore.open(url, create=False)
-        return next((group for request, group in _busy(server)
-                     if (store.resume_point(stage, request) or (0,))[0] >= steps), None)
-
-    return due

@@ -15,11 +15,12 @@ version on the rebuilt group.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from pipelines.cluster.runtime import runtime
 from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _abort, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
 from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
@@ -50,7 +51,7 @@ class GlooPeers:
                 # waiting out the timeout, and the driver forms the group anew. Only the
                 # communicator's destruction closes its connections (abort does not), and
                 # the error Dask keeps holds this object: drop the reference here.
-                _PEERS.clear()
+                seat().peers.clear()
                 group, self.group = self.group, None
                 _abort(group)
                 del group
@@ -62,36 +63,45 @@ class GlooPeers:
 
 
 # --- executor side (tasks pinned to one worker) ------------------------------------------------
-_HOSTED: dict[int, dist.TCPStore] = {}   # epoch -> the rendezvous this executor hosts
-_PEERS: dict[int, GlooPeers] = {}        # epoch -> this executor's place in that group
+@dataclass
+class TrainingSeat:
+    """This worker's part in the training groups (a slot of its runtime)."""
+
+    hosted: dict[int, dist.TCPStore] = field(default_factory=dict)   # epoch -> rendezvous it hosts
+    peers: dict[int, GlooPeers] = field(default_factory=dict)        # epoch -> its place in it
+
+
+def seat() -> TrainingSeat:
+    return runtime().slot("training-seat", TrainingSeat)
 
 
 def open_training_rendezvous(epoch: int) -> tuple[str, int]:
-    host = _own_host()
-    _HOSTED.clear()   # an older group's rendezvous is not needed any more
-    _HOSTED[epoch] = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                                   timeout=JOIN_TIMEOUT)
-    return host, _HOSTED[epoch].port
+    host, hosted = _own_host(), seat().hosted
+    hosted.clear()   # an older group's rendezvous is not needed any more
+    hosted[epoch] = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                                  timeout=JOIN_TIMEOUT)
+    return host, hosted[epoch].port
 
 
 def join_training(epoch: int, rank: int, world: int, host: str, port: int) -> float:
     """Join training group ``epoch`` as ``rank`` of ``world``; the seconds it took."""
-    started = time.perf_counter()
-    store = _HOSTED[epoch] if rank == 0 else dist.TCPStore(host, port, is_master=False,
-                                                           timeout=JOIN_TIMEOUT)
+    started, mine = time.perf_counter(), seat()
+    store = mine.hosted[epoch] if rank == 0 else dist.TCPStore(host, port, is_master=False,
+                                                               timeout=JOIN_TIMEOUT)
     group = dist.ProcessGroupGloo(dist.PrefixStore(f"train-{epoch}", store), rank, world,
                                   JOIN_TIMEOUT)
     group._set_default_timeout(STEP_TIMEOUT)   # joined: a step's all-reduce may wait longer
-    _PEERS.clear()
-    _PEERS[epoch] = GlooPeers(group, rank, world)
+    mine.peers.clear()
+    mine.peers[epoch] = GlooPeers(group, rank, world)
     return time.perf_counter() - started
 
 
 def peers(epoch: int) -> GlooPeers:
-    if epoch not in _PEERS:
+    joined = seat().peers
+    if epoch not in joined:
         raise RuntimeError(f"executor is not in training group {epoch} (it is in "
-                           f"{list(_PEERS) or 'none'}): form the group first")
-    return _PEERS[epoch]
+                           f"{list(joined) or 'none'}): form the group first")
+    return joined[epoch]
 
 
 def group_size(epoch: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pipelines.parallel import training
 from pipelines.run import tasks
+from pipelines.run.context import StageContext
 from pipelines.run.sp_rollout import class_workers
 
 
@@ -22,20 +23,21 @@ def dp_train_task(epoch: int, config, store, request: tasks.TrainRequest) -> dic
     return tasks.train_task(config, store, rollout, request, peers=training.peers(epoch))
 
 
-def gpu_workers(driver) -> list[str]:
-    return sorted(class_workers(driver.cluster.client, (driver.config.placed("train")[0],)))
+def gpu_workers(ctx: StageContext) -> list[str]:
+    return sorted(class_workers(ctx.cluster.client, (ctx.config.placed("train")[0],)))
 
 
-def data_parallel(driver) -> bool:
+def data_parallel(ctx: StageContext) -> bool:
     """Whether this iteration trains data-parallel: asked for, and more than one gpu worker."""
-    return driver.config.parallel.data_parallel and len(gpu_workers(driver)) > 1
+    return ctx.config.parallel.data_parallel and len(gpu_workers(ctx)) > 1
 
 
-def dp_train(driver, request: tasks.TrainRequest) -> dict:
+def dp_train(ctx: StageContext, request: tasks.TrainRequest) -> dict:
     """The step on every gpu worker at once; rank 0's result (what :func:`tasks.train_task`
     returns)."""
-    if driver.training_group is None:
-        driver.training_group = training.TrainingGroup(driver.cluster.client)
-    driver.check_running()
-    return driver.training_group.run(lambda: gpu_workers(driver), dp_train_task, driver.config,
-                                     driver.store, request)
+    standing = ctx.standing
+    if standing.training_group is None:
+        standing.training_group = training.TrainingGroup(ctx.cluster.client)
+    ctx.check_running()
+    return standing.training_group.run(lambda: gpu_workers(ctx), dp_train_task, ctx.config,
+                                       ctx.store, request)

@@ -24,11 +24,13 @@ import numpy as np
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
-from pipelines.run.rollout import pulled, pulled_rollout, rollout_task
+from pipelines.run.rollout import (Pulled, RolloutBackend, SingleTask, finish_rollout, pulled,
+                                   rollout_requests)
+from pipelines.run.context import Standing
 from pipelines.run.dp_train import data_parallel, dp_train
-from pipelines.run.sp_rollout import sp_rollout
+from pipelines.run.sp_rollout import SPGroupsBackend
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, TrainResult,
+from pipelines.run.stages import (IterationRecord, RewardResult, Stage, TrainResult,
                                   ValidationResult)
 from pipelines.run.state import IterationResult, IterationState
 from spotlight.config import RunConfig, rollout_sp_degree
@@ -36,6 +38,7 @@ from spotlight.cost import CostLedger
 from spotlight.exploration import Selection
 from spotlight.models.base import stores_prompts
 from spotlight.models.prompts import Prompt
+from spotlight.modes import mode_of
 from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
 from spotlight.cost import load_prices, worker_class_prices
@@ -68,8 +71,7 @@ class Driver:
         self.last_validation: dict | None = None
         self._stop = threading.Event()
         self.exploration = Exploration(self)   # plans, runs and judges seed exploration
-        self.sp_groups = None   # the SP rollout's executor groups, formed on first use
-        self.training_group = None   # the data-parallel training communicator, likewise
+        self.standing = Standing()   # formed on first use, kept across iterations
 
     def stop(self) -> None:
         """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
@@ -84,7 +86,7 @@ class Driver:
         self.cluster.wait_for(futures, resource, self._stop, self.config.cluster.worker_wait_s,
                               what)
 
-    def _result(self, future, what: str, resource: str = GPU):
+    def result(self, future, what: str, resource: str = GPU):
         """The result of one task, or one clear error naming the stage if it raised."""
         self.await_futures([future], what, resource)
         if future.status == "error":
@@ -96,7 +98,7 @@ class Driver:
         k = self.log.completed_iterations()
         if k == 0:
             return CostLedger()
-        last = self.log.get(k - 1, "iteration")
+        last = self.log.get(k - 1, Stage.ITERATION)
         ledger = CostLedger.from_dict(last.ledger)
         for name in ledger.alive_workers():
             ledger.worker_left(name, last.result["end"])
@@ -167,7 +169,7 @@ class Driver:
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
         """Run (or finish, or just read back) iteration k: θ_k -> θ_k+1."""
-        done = self.log.get(k, "iteration")
+        done = self.log.get(k, Stage.ITERATION)
         if done is not None:
             return IterationResult(**done.result)
         self.check_running()
@@ -183,16 +185,16 @@ class Driver:
         return self._finish(it)
 
     def _begin(self, k: int, explore_next: bool) -> "IterationState":
-        resumed = [s for s in ("rollout", "reward", "train") if self.log.done(k, s)]
+        resumed = [s for s in (Stage.ROLLOUT, Stage.REWARD, Stage.TRAIN) if self.log.done(k, s)]
         it = IterationState(k=k, start=time.time(), prompts=self.prompts(k), resumed=resumed,
-                            spotlight=self.mode == "spotlight",
-                            explores=explore_next and self.mode == "spotlight")
+                            spotlight=mode_of(self.mode).stale,
+                            explores=explore_next and mode_of(self.mode).stale)
         it.selection = self.exploration.seeds_for(k)
         if stores_prompts(self.config):
             self._embed_prompts(k, it.prompts + (self.prompts(k + 1) if it.explores else []))
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        audit_done = self.log.done(k, "audit")
+        audit_done = self.log.done(k, Stage.AUDIT)
         it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
         if it.explores and explore_window(self.config, self.mode) == "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
@@ -201,47 +203,47 @@ class Driver:
     def _embed_prompts(self, k: int, prompts: list[Prompt]) -> None:
         """The prompt embeddings this iteration's workers read, into the run store first."""
         texts = [p.text for p in prompts] + [p.text for p in self.val_prompts]
-        self._result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
+        self.result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
                                  resource=self.on("train"), name="embed"),
                      f"prompt embeddings of iteration {k}", self.on("train"))
 
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
-        if rollout_sp_degree(cfg) > 1 and not self.log.done(k, "rollout"):
-            it.records += sp_rollout(self, k, it.prompts, it.selection.seeds)
-        elif pulled(self.placed("rollout")) and not self.log.done(k, "rollout"):
-            it.records += pulled_rollout(self, k, it.prompts, it.selection.seeds)
-        if self.log.done(k, "rollout"):   # read back where it is scored, never recomputed
-            it.rollout_f = self.submit(tasks.load_rollout_task, cfg, self.store, k,
-                                       resource=self.on("reward"), name="load-rollout")
-        else:
-            it.rollout_f = self.submit(
-                rollout_task, cfg, self.store,
-                tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k),
-                resource=self.on("rollout"), name="rollout")
-        _, resumed = self.log.once(k, "reward", lambda: self._reward(it))
+        held = None
+        if not self.log.done(k, Stage.ROLLOUT):
+            chunks = rollout_requests(cfg, tasks.RolloutRequest(k, it.prompts,
+                                                                it.selection.seeds, k))
+            done = self._rollout_backend().run(self, chunks)
+            it.records += finish_rollout(self, chunks, it.selection.seeds, done)
+            held = done.held
+        # Scored where the rollout is held in memory, else read back from the run store.
+        it.rollout_f = held or self.submit(tasks.load_rollout_task, cfg, self.store, k,
+                                           resource=self.on("reward"), name="load-rollout")
+        _, resumed = self.log.once(k, Stage.REWARD, lambda: self._reward(it))
         if resumed:
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
 
+    def _rollout_backend(self) -> RolloutBackend:
+        if rollout_sp_degree(self.config) > 1:
+            return SPGroupsBackend()
+        return Pulled() if pulled(self.placed("rollout")) else SingleTask()
+
     def _reward(self, it: "IterationState") -> RewardResult:
-        """Score the rollout (and record the rollout, whose data is in the store by then)."""
+        """Score the rollout (its data is in the store by then)."""
         cfg, k = self.config, it.k
-        out = self._result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
-                                        it.prompts, cfg.grpo.group_size, k,
-                                        resource=self.on("reward"), name="reward"),
-                           f"iteration {k}'s rollout and reward", self.on("reward"))
+        out = self.result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
+                                      it.prompts, cfg.grpo.group_size, k,
+                                      resource=self.on("reward"), name="reward"),
+                          f"iteration {k}'s rollout and reward", self.on("reward"))
         it.rewards = out["rewards"]
-        it.records += out["records"] + [out["record"]]
-        if not self.log.done(k, "rollout"):
-            self.log.record(k, "rollout", RolloutResult(out["records"][0] if out["records"]
-                                                        else None))
+        it.records.append(out["record"])
         return RewardResult(mean=float(it.rewards.mean()), task=out["record"])
 
     def _advantages(self, it: "IterationState") -> None:
         k = it.k
         self.emit("stage_start", iteration=k, stage="train")
-        it.adv = self._result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
+        it.adv = self.result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
                                            resource=self.on("train"), name="advantages"),
                               f"iteration {k}'s advantages", self.on("train"))
         it.records.append(it.adv["record"])
@@ -253,7 +255,7 @@ class Driver:
             it.plan, it.explore_futures = self.exploration.start_next(k)
 
     def _train(self, it: "IterationState") -> None:
-        train, _ = self.log.once(it.k, "train", lambda: self._train_now(it))
+        train, _ = self.log.once(it.k, Stage.TRAIN, lambda: self._train_now(it))
         it.train_info = train.stats
         it.rollout_f = None
         it.train_end = time.time()
@@ -267,7 +269,7 @@ class Driver:
         else:
             trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f, request,
                                   resource=self.on("train"), name="train")
-        saved = self._result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
+        saved = self.result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
                                          resource=self.on("train"), name="checkpoint"),
                              f"iteration {k}'s training and checkpoint", self.on("train"))
         del trained   # the weights leave the gpu worker's memory with the future
@@ -279,7 +281,7 @@ class Driver:
         """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
         may use the stale ranking: it is the unbiased sample of it."""
         k = it.k
-        recorded = self.log.get(k, "audit")
+        recorded = self.log.get(k, Stage.AUDIT)
         it.audit_tau = self.exploration.finish_audit(k, it.audit) if it.audit else \
             (recorded.kendall_tau if recorded is not None else None)
         if it.audit:
@@ -304,7 +306,7 @@ class Driver:
         it.explored = sum(len(row) for row in found["seeds"])
         it.filled = int(nxt.filled.sum()) if nxt is not None else 0
         it.records += found["tasks"]
-        it.preemptions += self.log.get(k + 1, "explore").preemptions
+        it.preemptions += self.log.get(k + 1, Stage.EXPLORE).preemptions
         if plan.budget_s is not None:
             ends = [t["end"] for t in it.records if t["stage"] == "explore"]
             it.overrun = bool(ends) and max(ends) > it.train_end
@@ -324,7 +326,8 @@ class Driver:
         self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
                             self.exploration.state())
         self.flush_events(f"iter-{k:06d}")
-        self.log.record(k, "iteration", IterationRecord(result.to_record(), self.ledger.to_dict()))
+        self.log.record(k, Stage.ITERATION,
+                        IterationRecord(result.to_record(), self.ledger.to_dict()))
         self.emit("iteration_done", iteration=k, result=result)
         return result
 
@@ -337,7 +340,7 @@ class Driver:
 
     def _validate_now(self, version: int, records: list | None) -> ValidationResult:
         self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
-        out = self._result(self.submit(tasks.validation_task, self.config, self.store, version,
+        out = self.result(self.submit(tasks.validation_task, self.config, self.store, version,
                                         self.val_prompts, version, resource=self.on("train"),
                                         name="validation"), f"validation of weights {version}",
                            self.on("train"))
@@ -365,7 +368,7 @@ class Driver:
             for g, seed in enumerate(selection.seeds[p]):
                 add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
                     float(adv["values"][p, g]), 1.0, nan if tau is None else tau)
-        if self.log.done(k, "audit"):
+        if self.log.done(k, Stage.AUDIT):
             audit = self.store.get_json(tasks.stage_name(k, "audit"), "audit")
             for p, seeds, fresh in zip(audit["prompt_index"], audit["seeds"], audit["fresh"]):
                 for seed, reward in zip(seeds, fresh):

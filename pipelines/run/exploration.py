@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import Any, Callable, Protocol
+from typing import Any
 
 import numpy as np
 
 from pipelines.run import tasks
-from pipelines.cluster import GPU, Absence, ClusterHandle, task_error
+from pipelines.cluster import GPU, Absence, task_error
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
+from pipelines.run.context import RunContext
 from pipelines.run.rollout import newcomer_warm_up, pulled
-from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult
+from pipelines.run.stages import (AuditResult, ExploreResult, PlanResult, SelectionResult,
+                                  Stage)
+from pipelines.run.streamed import Explored
 from spotlight.config import RunConfig
 from spotlight.exploration import Selection, core
 from spotlight.exploration.selection import random_group_std, seed_source
@@ -29,31 +31,14 @@ from spotlight.exploration.fidelity import (FidelityDecision, RankFidelityMonito
                                             grouped_kendall_tau)
 from spotlight.exploration.planner import ExplorationPlanner, Plan, exploration_window_s
 from spotlight.models.prompts import Prompt
-from storage import RunStore
-
-
-class RunContext(Protocol):
-    """What exploration uses of the driver that holds it."""
-
-    config: RunConfig
-    store: RunStore
-    cluster: ClusterHandle
-    mode: str
-    log: StageLog
-
-    def emit(self, kind: str, /, **info: Any) -> None: ...
-    def record_event(self, kind: str, info: dict) -> None: ...
-    def submit(self, fn: Callable, *args: Any, resource: str, name: str, **kwargs: Any): ...
-    def prompts(self, iteration: int) -> list[Prompt]: ...
-    def check_running(self) -> None: ...
-    def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
+from spotlight.modes import SPOTLIGHT, SYNC, mode_of
 
 
 def explore_window(config: RunConfig, mode: str | None = None) -> str:
     """When stale exploration may run: ``exploration.window``, but only while the gpu workers
     train when its workers also pull the rollout (they are busy with it until then)."""
     rollout = config.placed("rollout", mode)
-    shared = set(rollout) & set(config.placed("explore", "spotlight"))
+    shared = set(rollout) & set(config.placed("explore", SPOTLIGHT))
     return "train" if pulled(rollout) and shared else config.exploration.window
 
 
@@ -70,9 +55,9 @@ def explore_requests(config: RunConfig, iteration: int, prompts: list[Prompt], v
             for chunk, lo in core.request_chunks(candidates, batch)]
 
 
-def scored(out: dict) -> core.Scored:
+def scored(out: Explored) -> core.Scored:
     """An exploration task's output as the core reads it."""
-    return core.Scored(out["prompt_index"], out["chunk"], out["seeds"], out["rewards"])
+    return core.Scored(out.prompt_index, out.chunk, out.seeds, out.rewards)
 
 
 def per_prompt_of(candidates: dict) -> core.PerPrompt:
@@ -109,7 +94,7 @@ class Exploration:
         k = log.completed_iterations()
         if k == 0:
             return ExplorationPlanner(cfg.planner, cfg.sampler), RankFidelityMonitor(cfg.fidelity)
-        record = log.get(k - 1, "iteration")
+        record = log.get(k - 1, Stage.ITERATION)
         # Runs recorded before the planning state left the manifest keep it in the record.
         state = {"planner": record.planner, "monitor": record.monitor} \
             if record.planner is not None else \
@@ -126,7 +111,7 @@ class Exploration:
 
     def classes(self, stale: bool) -> tuple[str, ...]:
         """Where stale (spotlight) or synchronous exploration runs (``placement.explore``)."""
-        return self.config.placed("explore", "spotlight" if stale else "sync")
+        return self.config.placed("explore", SPOTLIGHT if stale else SYNC)
 
     def dispatch(self, requests: list[RequestSpec], classes: tuple[str, ...], stage: str):
         """Start ``requests``: pulled by the workers of ``classes`` (a :class:`RequestPool`)
@@ -160,7 +145,7 @@ class Exploration:
                 work.close()
                 raise
 
-    def collect(self, work, stage: str) -> tuple[list[dict], int, dict | None]:
+    def collect(self, work, stage: str) -> tuple[list, int, dict | None]:
         """Stop ``work``: the outputs of its finished requests (in request order), how many
         were cancelled, and the dispatch log (pull dispatch only)."""
         if isinstance(work, RequestPool):
@@ -177,7 +162,7 @@ class Exploration:
             self.run.cluster.client.cancel(pending)
         return finished, len(pending), None
 
-    def _collect_pool(self, pool: RequestPool, stage: str) -> tuple[list[dict], int, dict]:
+    def _collect_pool(self, pool: RequestPool, stage: str) -> tuple[list, int, dict]:
         results = pool.close()
         summary = pool.summary()
         for move in pool.log:   # every assignment, loss, requeue and hand-back, timed
@@ -209,7 +194,7 @@ class Exploration:
         prompts = self.run.prompts(iteration)
         per_prompt = core.gather([scored(out) for out in finished], len(prompts))
         found = {"seeds": [s for s, _ in per_prompt], "rewards": [r for _, r in per_prompt],
-                 "tasks": [o["record"] for o in finished], "dispatch": dispatch}
+                 "tasks": [o.record for o in finished], "dispatch": dispatch}
         self.run.store.put_json(tasks.stage_name(iteration, stage), "candidates", found)
         self._remember(iteration, stage, found)
         summary = (dispatch or {}).get("summary", {})
@@ -236,12 +221,12 @@ class Exploration:
         record rewrites the whole manifest, so what grows with the run stays out of it."""
         self.run.store.put_json(tasks.stage_name(iteration, "selection"), "selection",
                                 selection.to_record())
-        self.run.log.record(iteration, "selection", SelectionResult(source))
+        self.run.log.record(iteration, Stage.SELECTION, SelectionResult(source))
         return selection
 
     def stale_candidates(self, iteration: int) -> dict | None:
         """The candidates explored for ``iteration`` with stale weights, or None."""
-        if not self.run.log.done(iteration, "explore"):
+        if not self.run.log.done(iteration, Stage.EXPLORE):
             return None
         return self.candidates(iteration, "explore")
 
@@ -265,12 +250,12 @@ class Exploration:
         for measuring τ but the seeds come from the fallback (fresh exploration or random).
         """
         run, cfg = self.run, self.config
-        record = run.log.get(iteration, "selection")
+        record = run.log.get(iteration, Stage.SELECTION)
         if record is not None:
             return Selection.from_record(record.selection or run.store.get_json(
                 tasks.stage_name(iteration, "selection"), "selection"))
         # Whether stale candidates exist is in the stage log; they are read only where used.
-        explored = run.mode == "spotlight" and run.log.done(iteration, "explore")
+        explored = mode_of(run.mode).stale and run.log.done(iteration, Stage.EXPLORE)
         source = seed_source(run.mode, self.trusting, cfg.fidelity.fallback, explored)
         if source == "sync":
             return self._explore_now(iteration)
@@ -291,14 +276,14 @@ class Exploration:
     def start_next(self, k: int) -> tuple[Plan, Any]:
         """Plan the exploration of k+1 and start it on the spot workers with θ_k."""
         plan = self.plan(k + 1)
-        if self.run.log.done(k + 1, "explore") or not plan.candidates:
+        if self.run.log.done(k + 1, Stage.EXPLORE) or not plan.candidates:
             return plan, []
         return plan, self.submit(k + 1, k, True, plan.candidates, plan.steps, plan.prompts)
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, iteration: int) -> Plan:
         """The planner's (N, M) for exploring ``iteration``; recorded, and reused on resume."""
-        record = self.run.log.get(iteration, "plan")
+        record = self.run.log.get(iteration, Stage.PLAN)
         if record is not None:
             return record.as_plan
         cfg = self.config
@@ -315,7 +300,7 @@ class Exploration:
             plan = Plan(iteration, cfg.exploration.candidates, rollout_steps, prompts, None, None,
                         None, "fixed: planner off")
             self.planner.events.append({"kind": "plan", **asdict(plan)})
-        self.run.log.record(iteration, "plan", PlanResult.of(plan, time.time()))
+        self.run.log.record(iteration, Stage.PLAN, PlanResult.of(plan, time.time()))
         if cfg.planner.enabled:
             self.run.emit("plan", iteration=iteration, plan=plan)
         return plan
@@ -348,7 +333,7 @@ class Exploration:
 
     def record_plan_outcome(self, k: int, adv: dict) -> None:
         """Pay the planner for the plan that explored iteration k: the spread GRPO saw."""
-        record, stale = self.run.log.get(k, "plan"), self.stale_candidates(k)
+        record, stale = self.run.log.get(k, Stage.PLAN), self.stale_candidates(k)
         if record is None or stale is None or not stale["tasks"]:
             return
         group = self.config.grpo.group_size
@@ -386,7 +371,7 @@ class Exploration:
         picks = core.audit_candidates(self.config.seed, k, per_prompt_of(stale),
                                       fidelity.audit_prompts, fidelity.audit_candidates)
         prompts = self.run.prompts(k)
-        plan = self.run.log.get(k, "plan")
+        plan = self.run.log.get(k, Stage.PLAN)
         steps = core.audit_steps(plan.as_plan if plan is not None else None)
         requests = [self.explore_spec(tasks.ExploreRequest(k, p, prompts[p], seeds, 0, k,
                                                            "audit", steps))
@@ -404,11 +389,11 @@ class Exploration:
         audit = core.audit_tau(per_prompt_of(self.stale_candidates(k)),
                                [scored(out) for out in outs])
         self.run.store.put_json(tasks.stage_name(k, "audit"), "audit", {
-            "seeds": [o["seeds"].tolist() for o in outs],
-            "prompt_index": [o["prompt_index"] for o in outs],
+            "seeds": [o.seeds.tolist() for o in outs],
+            "prompt_index": [o.prompt_index for o in outs],
             "stale": audit.stale, "fresh": audit.fresh, "kendall_tau": audit.kendall_tau,
-            "tasks": [o["record"] for o in outs]})
-        self.run.log.record(k, "audit", AuditResult(audit.kendall_tau))
+            "tasks": [o.record for o in outs]})
+        self.run.log.record(k, Stage.AUDIT, AuditResult(audit.kendall_tau))
         return audit.kendall_tau
 
     def observe(self, k: int, audit_tau: float) -> FidelityDecision:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import tasks
 from pipelines.run.exploration import explore_requests, scored
 from pipelines.run.rollout import rollout_task
@@ -36,9 +37,8 @@ from spotlight.exploration.planner import ExplorationPlanner, Plan, plan_cost
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import Prompt, world_prompts
 from spotlight.rl.trainer import iteration_prompts
+from spotlight.modes import MODE_NAMES, MODES
 from storage import RunStore
-
-HARNESS_MODES = ("vanilla", "sync", "spotlight", "rlboost")
 
 
 @dataclass(frozen=True)
@@ -90,21 +90,22 @@ class Harness:
         """``base_val_reward``: the base model's validation reward when the caller measured it
         already (it depends on neither the mode nor the run seed), saving one validation.
         ``time_model``: what the planner plans with (needed with ``planner.enabled``)."""
-        if mode not in HARNESS_MODES:
-            raise ConfigError(f"harness mode {mode!r}: choose one of {', '.join(HARNESS_MODES)}")
+        if mode not in MODES:
+            raise ConfigError(f"harness mode {mode!r}: choose one of {', '.join(MODE_NAMES)}")
+        stale = MODES[mode].stale
         if config.exploration.deadline:
             raise ConfigError("the harness replays exploration without a clock: set "
                               "exploration.deadline: false")
-        if config.planner.enabled and mode == "spotlight" and time_model is None:
+        if config.planner.enabled and stale and time_model is None:
             raise ConfigError("the harness runs the planner on modelled time: pass a "
                               "TimeModel (exploration window, seconds per sample-step, spot "
                               "slots), or set planner.enabled: false")
         self.planner = (ExplorationPlanner(config.planner, config.sampler)
-                        if config.planner.enabled and mode == "spotlight" else None)
+                        if config.planner.enabled and stale else None)
         self.time_model = time_model
         self.plans: dict[int, Plan] = {}   # iteration -> the plan that explored it
         self.config = config.with_values({"mode": mode, "stream_latents": False})
-        self.mode = mode
+        self.mode, self.stale_exploration = mode, stale
         self.store = RunStore.open(f"memory://harness-{uuid.uuid4().hex}")
         self.store.save_checkpoint(0, base_policy(self.config, progress=False).state_dict(),
                                    None)
@@ -148,8 +149,8 @@ class Harness:
     def iteration(self, k: int, explore_next: bool, validate: bool) -> HarnessIteration:
         cfg, prompts = self.config, self.prompts(k)
         selection, source = self.seeds_for(k, prompts)
-        tau = self.audit(k, prompts) if self.mode == "spotlight" else None
-        if explore_next and self.mode == "spotlight":   # θ_k explores k+1 (while θ_k trains)
+        tau = self.audit(k, prompts) if self.stale_exploration else None
+        if explore_next and self.stale_exploration:   # θ_k explores k+1 (while θ_k trains)
             self.stale[k + 1] = self.explore_planned(k + 1, k)
         rollout = rollout_task(cfg, self.store, tasks.RolloutRequest(k, prompts,
                                                                       selection.seeds, k))
@@ -201,7 +202,7 @@ class Harness:
         """As :meth:`Exploration.seeds_for`: sync explores now; spotlight selects among the
         candidates θ_k-1 scored, or falls back when the audit stopped trusting them."""
         cfg = self.config
-        stale = self.stale.get(k) if self.mode == "spotlight" else None
+        stale = self.stale.get(k) if self.stale_exploration else None
         source = seed_source(self.mode, self.monitor.state != "fallback", cfg.fidelity.fallback,
                              stale is not None)
         if source == "sync":
@@ -254,4 +255,4 @@ class Harness:
         return taus
 
     def close(self) -> None:
-        tasks.forget_contexts()
+        reset_runtime()

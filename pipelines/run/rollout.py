@@ -1,27 +1,37 @@
-"""A rollout pulled by every worker its placement allows (``placement.rollout``), gpu and spot.
+"""An iteration's rollout: one backend interface, three backends, one :func:`finish_rollout`.
 
 The rollout is split into requests of ``grpo.request_prompts`` prompts, each with its whole
 group of seeds -- fixed batch shapes, the same split wherever the rollout runs, so the latents
-and log-probabilities do not depend on which worker computes them -- and handed out by the
-pull dispatch (:class:`~pipelines.cluster.dispatch.RequestPool`) with adaptive offload: the
-tail goes to whoever finishes first by measured speed, and an idle gpu worker re-runs a
-straggling spot request. On gpu workers alone the requests run in order in
-one task instead (:func:`rollout_task`). Each request streams its latents to
-``iter-K/rollout.zarr/latents/pNNNN`` and resumes a preempted attempt from its last committed
-step. When every request is in, the log-probabilities go to ``rollout.npz`` and the stage is
-recorded; reward and training read the trajectory back from the run store on a gpu worker.
+and log-probabilities do not depend on which worker computes them. A backend runs the requests:
+
+- :class:`SingleTask`: on gpu workers alone (``placement.rollout: [gpu]``), in order in one
+  task, which keeps the trajectory in its worker's memory for reward and training;
+- :class:`Pulled`: pulled by every worker the placement allows, gpu and spot
+  (:class:`~pipelines.cluster.dispatch.RequestPool`), with adaptive offload -- the tail goes to
+  whoever finishes first by measured speed, and an idle gpu worker re-runs a straggling spot
+  request;
+- :class:`~pipelines.run.sp_rollout.SPGroupsBackend`: on sequence-parallel groups.
+
+Every request is written by its worker (:mod:`pipelines.run.rollout_store`): latents streamed
+step by step (a preempted attempt resumes from its last committed step), log-probabilities when
+it finishes. :func:`finish_rollout` then writes the stage's index and records the stage, once,
+whichever backend ran it; reward and training read the trajectory back from the run store.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
-from pipelines.cluster.preemption import StopAtStep
-from pipelines.run import tasks
-from pipelines.run.stages import RolloutResult
+from pipelines.cluster.preemption import WARM_UP_KEY, HandedBack
+from pipelines.run import rollout_store, tasks
+from pipelines.run.context import StageContext
+from pipelines.run.streamed import (RequestRun, RolledOut, StreamedRequest, run_streamed_request,
+                                    sample_streamed)
+from pipelines.run.stages import RolloutResult, Stage
 from spotlight.models.prompts import Prompt
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import rollout_chunks, sample_keys
@@ -43,6 +53,33 @@ class RolloutChunk:
     def name(self) -> str:
         return f"p{self.first:04d}"
 
+    @property
+    def streamed(self) -> StreamedRequest:
+        """Where the request's latents stream."""
+        return StreamedRequest(tasks.stage_name(self.iteration, "rollout"), self.name,
+                               self.version, "rollout", self.iteration)
+
+    def inputs(self, run_seed: int) -> tuple[list[str], Any]:
+        """The prompt of every sample (groups in order) and the samples' random keys."""
+        texts = [p.text for p in self.prompts for _ in range(self.seeds.shape[1])]
+        return texts, sample_keys(run_seed, self.prompts, self.seeds)
+
+    def sample(self, run: RequestRun, member=None):
+        """SDE-sample the request as one attempt ``run`` (``member``: as one member of an SP
+        group, :mod:`pipelines.run.sp_rollout`, which hears no notice of its own)."""
+        texts, keys = self.inputs(run.ctx.config.seed)
+        return run.sample(texts, self.seeds, keys, member=member)
+
+    def rolled_out(self, run: RequestRun, member=None) -> RolledOut:
+        """Sample the request and write its log-probabilities (the group's leader alone)."""
+        traj = self.sample(run, member)
+        if member is None or member.leads:
+            rollout_store.save_request(run.ctx.store, self.streamed.stage, self.name,
+                                       traj.log_probs.numpy())
+        record = run.record(samples=self.seeds.size, **(
+            {} if member is None else {"sp_degree": member.size}))
+        return RolledOut(self.name, run.progress["resumed_from"], record)
+
 
 def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk]:
     """The fixed-shape requests an iteration's rollout is sampled in, wherever it runs."""
@@ -51,54 +88,36 @@ def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk
             for c in rollout_chunks(len(request.prompts), config.grpo.request_prompts)]
 
 
-def _sample_chunk(ctx, chunk: RolloutChunk, progress: dict | None = None, member=None):
-    """SDE-sample one request, streamed and resumed from its last committed step (``member``:
-    as one member of an SP group, :mod:`pipelines.run.sp_rollout`)."""
-    texts = [p.text for p in chunk.prompts for _ in range(chunk.seeds.shape[1])]
-    keys = sample_keys(ctx.config.seed, chunk.prompts, chunk.seeds)
-    return tasks._sample_streamed(ctx, texts, chunk.seeds, keys,
-                                  tasks.stage_name(chunk.iteration, "rollout"), chunk.name,
-                                  chunk.version, progress=progress, member=member)
-
-
 def rollout_task(config, store, request: tasks.RolloutRequest) -> tasks.RolloutOutput:
     """The whole rollout on one gpu worker (``placement.rollout: [gpu]``): its requests in
-    order, persisted before it returns, kept in memory for reward and training."""
+    order, each persisted before it returns, kept in memory for reward and training."""
     start = time.time()
     ctx = tasks.context(config, store)
     with ctx.lock:
         ctx.policy_at(request.version).eval()
-        traj = Trajectory.concat([_sample_chunk(ctx, c)
-                                  for c in rollout_requests(config, request)])
-        arrays = {"log_probs": traj.log_probs.numpy(), "seeds": np.asarray(request.seeds)}
-        if not config.stream_latents:
-            arrays["latents"] = traj.latents.numpy()
-        store.put_arrays(tasks.stage_name(request.iteration, "rollout"), "rollout", arrays)
-        out = tasks.RolloutOutput(request.iteration, traj,
+        trajectories = []
+        for chunk in rollout_requests(config, request):
+            texts, keys = chunk.inputs(config.seed)
+            traj = sample_streamed(ctx, texts, chunk.seeds, keys, chunk.streamed)
+            rollout_store.save_request(store, chunk.streamed.stage, chunk.name,
+                                       traj.log_probs.numpy(), None if config.stream_latents
+                                       else traj.latents.numpy())
+            trajectories.append(traj)
+        out = tasks.RolloutOutput(request.iteration, Trajectory.concat(trajectories),
                                   tasks.task_record("rollout", request.iteration, start,
                                                     request.version))
         ctx.rollouts = {request.iteration: out}   # keep only the newest: memory stays bounded
         return out
 
 
-def rollout_chunk_task(config, store, chunk: RolloutChunk) -> dict:
+def task_record_of(out: tasks.RolloutOutput) -> dict:
+    """The record of a rollout held by its worker (fetched without its trajectory)."""
+    return out.record
+
+
+def rollout_chunk_task(config, store, chunk: RolloutChunk) -> RolledOut | HandedBack:
     """One pulled request, preemptible at step boundaries (then handed back, committed)."""
-    start = time.time()
-    ctx = tasks.context(config, store)
-    progress: dict = {}
-    with ctx.lock:
-        ctx.policy_at(chunk.version).eval()
-        try:
-            traj = _sample_chunk(ctx, chunk, progress)
-        except StopAtStep as stop:
-            return tasks.handed_back(store, tasks.stage_name(chunk.iteration, "rollout"),
-                                     chunk.name, stop, tasks.task_record(
-                                         "rollout", chunk.iteration, start, chunk.version,
-                                         request=chunk.name, preempted=True, **progress))
-    return {"log_probs": traj.log_probs.numpy(),
-            "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
-                                        request=chunk.name, samples=chunk.seeds.size,
-                                        **progress)}
+    return run_streamed_request(tasks.context(config, store), chunk.streamed, chunk.rolled_out)
 
 
 def pulled(classes: tuple[str, ...]) -> bool:
@@ -115,40 +134,83 @@ def newcomer_warm_up(client, config, store, version: int):
     def submit(address: str):
         return client.submit(tasks.warm_up_task, config, store, version, workers=[address],
                              allow_other_workers=False, pure=False,
-                             key=f"newcomer-{version}-{uuid.uuid4().hex[:8]}")
+                             key=f"{WARM_UP_KEY}{version}-{uuid.uuid4().hex[:8]}")
 
     return submit
 
 
-def pulled_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> list:
-    """Run iteration ``iteration``'s rollout as pulled requests; write ``rollout.npz`` and
-    record the stage. Returns the requests' task records (for the timeline)."""
-    config, store = driver.config, driver.store
-    classes = driver.placed("rollout")
-    stage = tasks.stage_name(iteration, "rollout")
-    # Spot requests that straggle are re-run on idle on-demand workers (RLBoost's offload).
-    on_demand = tuple(c for c in classes if c != "spot") if "spot" in classes else ()
-    chunks = rollout_requests(config, tasks.RolloutRequest(iteration, prompts, seeds, iteration))
-    specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name)
-             for c in chunks]
-    pool = RequestPool(driver.cluster, specs, config.preemption, store=store, resource=classes,
-                       offload=Offload(speculate_on=on_demand) if on_demand else None,
-                       on_event=lambda kind, info: driver.emit(kind, stage="rollout", **info),
-                       warm_up=newcomer_warm_up(driver.cluster.client, config, store, iteration))
-    # Waiting (stops with the run, fails when no gpu worker is left) and collecting (the
-    # dispatch log into the run's events) are exploration's, shared.
-    driver.exploration.wait_all(pool, "the rollout")
-    finished, _, dispatch = driver.exploration.collect(pool, "rollout")
-    results = {out["record"]["request"]: out for out in finished}
-    summary = dispatch["summary"]
-    missing = [c.name for c in chunks if c.name not in results]
-    if missing:
-        raise RuntimeError(f"iteration {iteration}'s rollout could not finish: requests "
-                           f"{missing[:5]} were not run ({summary['gave_up'] or 'stopped'}); "
-                           f"add workers of {list(classes)} and resume the run")
-    log_probs = np.concatenate([results[c.name]["log_probs"] for c in chunks])
-    store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
-    store.put_json(stage, "dispatch", dispatch)
-    records = [results[c.name]["record"] for c in chunks]
-    driver.log.record(iteration, "rollout", RolloutResult(dispatch=summary))
-    return records
+@dataclass
+class RolloutDone:
+    """What a backend hands :func:`finish_rollout`: the requests' task records (for the
+    timeline), the stage's result (how it ran) and, from :class:`SingleTask` alone, the future
+    whose worker holds the rollout in memory for reward."""
+
+    records: list[dict]
+    result: RolloutResult
+    held: Any = None
+
+
+class RolloutBackend(Protocol):
+    def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone: ...
+
+
+class SingleTask:
+    """The requests in order in one task on one gpu worker."""
+
+    def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone:
+        first = chunks[0]
+        prompts = [p for c in chunks for p in c.prompts]
+        seeds = np.concatenate([c.seeds for c in chunks])
+        held = ctx.submit(rollout_task, ctx.config, ctx.store,
+                          tasks.RolloutRequest(first.iteration, prompts, seeds, first.version),
+                          resource=ctx.on("rollout"), name="rollout")
+        # The record alone comes back: the trajectory stays on its worker for reward.
+        # (Dask runs it where that trajectory is, the costliest thing to move.)
+        record = ctx.result(ctx.submit(task_record_of, held, resource=ctx.on("rollout"),
+                                       name="rollout-record"),
+                            f"iteration {first.iteration}'s rollout", ctx.on("rollout"))
+        return RolloutDone([record], RolloutResult(task=record), held)
+
+
+class Pulled:
+    """Requests pulled by the workers of the rollout's placement, gpu and spot."""
+
+    def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone:
+        config, store, iteration = ctx.config, ctx.store, chunks[0].iteration
+        classes = ctx.placed("rollout")
+        stage = chunks[0].streamed.stage
+        # Spot requests that straggle are re-run on idle on-demand workers (RLBoost's offload).
+        on_demand = tuple(c for c in classes if c != "spot") if "spot" in classes else ()
+        specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name)
+                 for c in chunks]
+        pool = RequestPool(ctx.cluster, specs, config.preemption, store=store,
+                           resource=classes,
+                           offload=Offload(speculate_on=on_demand) if on_demand else None,
+                           on_event=lambda kind, info: ctx.emit(kind, stage="rollout", **info),
+                           warm_up=newcomer_warm_up(ctx.cluster.client, config, store,
+                                                    chunks[0].version))
+        # Waiting (stops with the run, fails when no gpu worker is left) and collecting (the
+        # dispatch log into the run's events) are exploration's, shared.
+        ctx.exploration.wait_all(pool, "the rollout")
+        finished, _, dispatch = ctx.exploration.collect(pool, "rollout")
+        results = {out.request: out for out in finished}
+        summary = dispatch["summary"]
+        missing = [c.name for c in chunks if c.name not in results]
+        if missing:
+            raise RuntimeError(f"iteration {iteration}'s rollout could not finish: requests "
+                               f"{missing[:5]} were not run ({summary['gave_up'] or 'stopped'}); "
+                               f"add workers of {list(classes)} and resume the run")
+        store.put_json(stage, "dispatch", dispatch)
+        return RolloutDone([results[c.name].record for c in chunks],
+                           RolloutResult(dispatch=summary))
+
+
+def finish_rollout(ctx: StageContext, chunks: list[RolloutChunk], seeds: np.ndarray,
+                   done: RolloutDone) -> list[dict]:
+    """Every request is in the store: write the stage's index and record the stage -- once,
+    whichever backend ran it. Returns the requests' task records."""
+    iteration = chunks[0].iteration
+    rollout_store.write_index(ctx.store, chunks[0].streamed.stage, [c.name for c in chunks],
+                              seeds)
+    ctx.log.record(iteration, Stage.ROLLOUT, done.result)
+    return done.records

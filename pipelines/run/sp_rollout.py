@@ -18,45 +18,40 @@ an uninterrupted run's.
 """
 from __future__ import annotations
 
-import time
+import contextlib
 from functools import partial
 
-import numpy as np
 
 from pipelines.cluster.connect import Absence
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, node_of
 from pipelines.parallel.serve import GroupServer
 from pipelines.run import tasks
-from pipelines.run.rollout import RolloutChunk, _sample_chunk, rollout_requests
+from pipelines.run.context import StageContext
+from pipelines.run.rollout import RolloutChunk, RolloutDone
 from pipelines.run.stages import RolloutResult
+from pipelines.run.streamed import RolledOut, run_streamed_request
 from spotlight.config import rollout_sp_degree
-from spotlight.models.prompts import Prompt
 from spotlight.parallel import ulysses
 
 
-def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> dict | None:
+def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> RolledOut | None:
     """One member's part of an SP rollout request; rank 0 returns the request's
     log-probabilities and record (the latents are in the run store)."""
     import torch.distributed as dist
 
     executor.check_epoch(epoch)
     member = executor.GroupMember(dist.get_rank())
-    start = time.time()
-    ctx = tasks.context(config, store)
-    progress: dict = {}
-    with ctx.lock:
-        policy = ctx.policy_at(chunk.version)
-        policy.eval()
-        with executor.breaks_on_error(), \
-                ulysses.sequence_parallel(policy.transformer, dist.group.WORLD):
-            traj = _sample_chunk(ctx, chunk, progress, member=member)
-    if not member.leads:
-        return None
-    return {"log_probs": traj.log_probs.numpy(), "resumed_from": progress["resumed_from"],
-            "record": tasks.task_record("rollout", chunk.iteration, start, chunk.version,
-                                        request=chunk.name, samples=chunk.seeds.size,
-                                        sp_degree=dist.get_world_size(), **progress)}
+
+    def sequence_parallel(policy):
+        stack = contextlib.ExitStack()
+        stack.enter_context(executor.breaks_on_error())
+        stack.enter_context(ulysses.sequence_parallel(policy.transformer, dist.group.WORLD))
+        return stack
+
+    out = run_streamed_request(tasks.context(config, store), chunk.streamed,
+                               lambda run: chunk.rolled_out(run, member), around=sequence_parallel)
+    return out if member.leads else None
 
 
 def degrees_below(degree: int) -> tuple[int, ...]:
@@ -76,58 +71,56 @@ def class_workers(client, classes: tuple[str, ...]) -> dict[str, str]:
     return client.run_on_scheduler(_class_workers, classes=classes)
 
 
-def sp_groups(driver, iteration: int) -> SPGroups:
+def sp_groups(ctx: StageContext, iteration: int) -> SPGroups:
     """The run's SP groups (formed on first use, then kept), holding weights ``iteration``."""
-    config, client = driver.config, driver.cluster.client
-    groups: SPGroups | None = getattr(driver, "sp_groups", None)
+    config, client = ctx.config, ctx.cluster.client
+    groups = ctx.standing.sp_groups
     if groups is None:
-        classes = driver.placed("rollout")
+        classes = ctx.placed("rollout")
         known: dict[str, str] = {}
 
         def node(address: str) -> str:   # groups never mix worker classes
             cls = known.get(address) or class_workers(client, classes).get(address, "?")
             return f"{cls}@{node_of(address)}"
 
-        groups = SPGroups(client, {"run": (config, driver.store)}, driver.store.url, iteration,
+        groups = SPGroups(client, {"run": (config, ctx.store)}, ctx.store.url, iteration,
                           degrees_below(rollout_sp_degree(config)), node=node)
         known.update(class_workers(client, classes))
         groups.add(sorted(known))
-        driver.sp_groups = groups
+        ctx.standing.sp_groups = groups
     elif groups.version != iteration:
         groups.published(iteration)
     return groups
 
 
-def sp_rollout(driver, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> list:
-    """Run iteration ``iteration``'s rollout on SP groups; write ``rollout.npz`` and record the
-    stage. Returns the requests' task records (for the timeline)."""
-    config, store, client = driver.config, driver.store, driver.cluster.client
-    classes = driver.placed("rollout")
-    stage = tasks.stage_name(iteration, "rollout")
-    chunks = rollout_requests(config, tasks.RolloutRequest(iteration, prompts, seeds, iteration))
-    losses_before = driver.sp_groups.losses if driver.sp_groups is not None else 0
-    groups = sp_groups(driver, iteration)
-    server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
-                                  for c in chunks},
-                         members=lambda: sorted(class_workers(client, classes)),
-                         worker_class=classes[0])
-    gpu = Absence(driver.cluster, config.placed("train")[0], config.cluster.worker_wait_s,
-                  "the SP rollout")
-    served = server.run(on_tick=partial(_check, driver, gpu))
-    log_probs = np.concatenate([served.results[c.name]["log_probs"] for c in chunks])
-    store.put_arrays(stage, "rollout", {"log_probs": log_probs, "seeds": np.asarray(seeds)})
-    summary = {"requests": len(chunks), "losses": groups.losses - losses_before,
-               "attempts": sum(served.attempts.values()),
-               "resumed_from": {r: s for r, s in served.resumed_from.items() if s},
-               "groups": [list(g.members) for g in groups.membership.serving()],
-               "membership": groups.log[-20:]}
-    store.put_json(stage, "sp", summary)
-    driver.emit("sp_rollout", iteration=iteration, **{k: summary[k] for k in
-                                                      ("requests", "losses", "attempts")})
-    driver.log.record(iteration, "rollout", RolloutResult(sp=summary))
-    return [served.results[c.name]["record"] for c in chunks]
+class SPGroupsBackend:
+    """The rollout's requests on the run's SP groups (spot or gpu workers of one class)."""
+
+    def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone:
+        config, store, client = ctx.config, ctx.store, ctx.cluster.client
+        classes = ctx.placed("rollout")
+        iteration = chunks[0].iteration
+        losses_before = ctx.standing.sp_groups.losses if ctx.standing.sp_groups else 0
+        groups = sp_groups(ctx, iteration)
+        server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
+                                      for c in chunks},
+                             members=lambda: sorted(class_workers(client, classes)),
+                             worker_class=classes[0])
+        gpu = Absence(ctx.cluster, config.placed("train")[0], config.cluster.worker_wait_s,
+                      "the SP rollout")
+        served = server.run(on_tick=partial(_check, ctx, gpu))
+        summary = {"requests": len(chunks), "losses": groups.losses - losses_before,
+                   "attempts": sum(served.attempts.values()),
+                   "resumed_from": {r: s for r, s in served.resumed_from.items() if s},
+                   "groups": [list(g.members) for g in groups.membership.serving()],
+                   "membership": groups.log[-20:]}
+        store.put_json(chunks[0].streamed.stage, "sp", summary)
+        ctx.emit("sp_rollout", iteration=iteration,
+                 **{k: summary[k] for k in ("requests", "losses", "attempts")})
+        return RolloutDone([served.results[c.name].record for c in chunks],
+                           RolloutResult(sp=summary))
 
 
-def _check(driver, gpu: Absence, server: GroupServer) -> None:
-    driver.check_running()   # the run was stopped: stop waiting
+def _check(ctx: StageContext, gpu: Absence, server: GroupServer) -> None:
+    ctx.check_running()   # the run was stopped: stop waiting
     gpu.check()              # no gpu worker left for long: the run cannot go on

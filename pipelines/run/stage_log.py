@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 from storage import RunStore
 from storage.manifest import stage_key
 
-from .stages import StageResult, read_result, result_type
+from .stages import Stage, StageResult, read_result, result_type
 
 R = TypeVar("R", bound=StageResult)
 
@@ -43,7 +43,8 @@ class StageLog:
         info = self._infos.get(stage_key(name))
         return None if info is None else read_result(stage, info, f"{self.store.url} {name}")
 
-    def done(self, iteration: int | None, stage: str) -> bool:
+    def done(self, iteration: int | None, stage: Stage | str) -> bool:
+        result_type(stage)   # a stage name that does not exist is an error, not "not done"
         return stage_key(stage_name(iteration, stage)) in self._infos
 
     def record(self, iteration: int | None, stage: str, result: StageResult) -> None:
@@ -71,6 +72,6 @@ class StageLog:
     def completed_iterations(self) -> int:
         """How many iterations in a row, from 0, are recorded."""
         k = 0
-        while self.done(k, "iteration"):
+        while self.done(k, Stage.ITERATION):
             k += 1
         return k

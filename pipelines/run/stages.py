@@ -13,9 +13,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import ClassVar
 
 from spotlight.exploration.planner import Plan
+
+
+class Stage(str, Enum):
+    """The stages a run records, by the name their records and store folders carry (a stage
+    is a ``str``: ``f"iter-3/{Stage.ROLLOUT}"`` is ``iter-3/rollout``)."""
+
+    PLAN = "plan"
+    EXPLORE = "explore"
+    EXPLORE_SYNC = "explore-sync"
+    SELECTION = "selection"
+    AUDIT = "audit"
+    ROLLOUT = "rollout"
+    REWARD = "reward"
+    TRAIN = "train"
+    VALIDATION = "validation"
+    BASE_VALIDATION = "base-validation"
+    ITERATION = "iteration"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class StageRecordError(ValueError):
@@ -33,7 +57,7 @@ class StageResult:
     def to_record(self) -> dict:
         fields = {k: v for k, v in dataclasses.asdict(self).items()
                   if not (k in self.LEGACY and v is None)}
-        return {"kind": self.KIND, "record_version": self.VERSION, **fields}
+        return {"kind": str(self.KIND), "record_version": self.VERSION, **fields}
 
     @classmethod
     def from_record(cls, record: dict, where: str = "") -> "StageResult":
@@ -41,8 +65,9 @@ class StageResult:
         version = int(record.get("record_version", 1))
         at = f" ({where})" if where else ""
         if kind != cls.KIND:
-            raise StageRecordError(f"stage record{at} is a {kind!r} result, expected "
-                                   f"{cls.KIND!r}; the run's manifest was edited or mixed up")
+            raise StageRecordError(f"stage record{at} is a {str(kind)!r} result, expected "
+                                   f"{str(cls.KIND)!r}; the run's manifest was edited or mixed "
+                                   "up")
         if version > cls.VERSION:
             raise StageRecordError(f"stage record{at} is {cls.KIND} version {version}, newer "
                                    f"than this code reads ({cls.VERSION}); upgrade Spotlight to "
@@ -55,7 +80,7 @@ class StageResult:
 class PlanResult(StageResult):
     """The planner's exploration of one iteration: (N candidates, M steps) and when."""
 
-    KIND: ClassVar[str] = "plan"
+    KIND: ClassVar[str] = Stage.PLAN
     plan: dict = field(default_factory=dict)
     planned_at: float = 0.0
 
@@ -73,7 +98,7 @@ class ExploreResult(StageResult):
     """Candidates scored for an iteration (stale on spot: ``explore``; fresh: ``explore-sync``);
     the candidates themselves are in ``candidates.json`` of the stage."""
 
-    KIND: ClassVar[str] = "explore"
+    KIND: ClassVar[str] = Stage.EXPLORE
     explored: int = 0
     planned: int = 0
     requests_finished: int = 0
@@ -85,7 +110,7 @@ class ExploreResult(StageResult):
 class SelectionResult(StageResult):
     """Where the seeds of an iteration came from; the seeds are in ``selection.json``."""
 
-    KIND: ClassVar[str] = "selection"
+    KIND: ClassVar[str] = Stage.SELECTION
     LEGACY: ClassVar[tuple[str, ...]] = ("selection",)
     source: str = "random"           # explore, explore-sync, fallback-random, random
     selection: dict | None = None    # runs recorded before the seeds left the manifest
@@ -95,7 +120,7 @@ class SelectionResult(StageResult):
 class AuditResult(StageResult):
     """Stale against fresh ranking of random candidates (details in ``audit.json``)."""
 
-    KIND: ClassVar[str] = "audit"
+    KIND: ClassVar[str] = Stage.AUDIT
     kendall_tau: float | None = None
 
 
@@ -103,7 +128,7 @@ class AuditResult(StageResult):
 class RolloutResult(StageResult):
     """The rollout's log-probabilities and seeds are in ``rollout.npz``, its latents streamed."""
 
-    KIND: ClassVar[str] = "rollout"
+    KIND: ClassVar[str] = Stage.ROLLOUT
     task: dict | None = None
     dispatch: dict | None = None   # a pulled rollout's dispatch summary (placement.rollout)
     sp: dict | None = None         # an SP rollout's summary: groups, losses, resumed requests
@@ -113,7 +138,7 @@ class RolloutResult(StageResult):
 class RewardResult(StageResult):
     """The rollout's rewards are in ``reward.npz``."""
 
-    KIND: ClassVar[str] = "reward"
+    KIND: ClassVar[str] = Stage.REWARD
     mean: float = 0.0
     task: dict | None = None
 
@@ -122,7 +147,7 @@ class RewardResult(StageResult):
 class TrainResult(StageResult):
     """θ_k -> θ_k+1: the optimiser's statistics; the weights are checkpoint k+1."""
 
-    KIND: ClassVar[str] = "train"
+    KIND: ClassVar[str] = Stage.TRAIN
     stats: dict = field(default_factory=dict)
     task: dict | None = None
 
@@ -131,7 +156,7 @@ class TrainResult(StageResult):
 class ValidationResult(StageResult):
     """Mean held-out reward of weights ``version``."""
 
-    KIND: ClassVar[str] = "validation"
+    KIND: ClassVar[str] = Stage.VALIDATION
     mean_reward: float = 0.0
     version: int = 0
     task: dict | None = None
@@ -142,7 +167,7 @@ class IterationRecord(StageResult):
     """The finished iteration: its result row and the cost ledger after it (the planner and
     monitor state is in ``planning.json``, the task timeline in ``tasks.json``)."""
 
-    KIND: ClassVar[str] = "iteration"
+    KIND: ClassVar[str] = Stage.ITERATION
     LEGACY: ClassVar[tuple[str, ...]] = ("planner", "monitor")
     result: dict = field(default_factory=dict)
     ledger: dict = field(default_factory=dict)
@@ -150,11 +175,11 @@ class IterationRecord(StageResult):
     monitor: dict | None = None
 
 
-RESULT_TYPES: dict[str, type[StageResult]] = {
-    "plan": PlanResult, "explore": ExploreResult, "explore-sync": ExploreResult,
-    "selection": SelectionResult, "audit": AuditResult, "rollout": RolloutResult,
-    "reward": RewardResult, "train": TrainResult, "validation": ValidationResult,
-    "base-validation": ValidationResult, "iteration": IterationRecord,
+RESULT_TYPES: dict[Stage, type[StageResult]] = {
+    Stage.PLAN: PlanResult, Stage.EXPLORE: ExploreResult, Stage.EXPLORE_SYNC: ExploreResult,
+    Stage.SELECTION: SelectionResult, Stage.AUDIT: AuditResult, Stage.ROLLOUT: RolloutResult,
+    Stage.REWARD: RewardResult, Stage.TRAIN: TrainResult, Stage.VALIDATION: ValidationResult,
+    Stage.BASE_VALIDATION: ValidationResult, Stage.ITERATION: IterationRecord,
 }
 
 
@@ -164,7 +189,7 @@ def result_type(stage: str) -> type[StageResult]:
         return RESULT_TYPES[stage]
     except KeyError:
         raise StageRecordError(f"no stage named {stage!r}; stages are "
-                               f"{sorted(RESULT_TYPES)}") from None
+                               f"{[str(s) for s in Stage]}") from None
 
 
 def read_result(stage: str, info: dict, where: str = "") -> StageResult:

@@ -10,8 +10,6 @@ Every task returns a ``record``: stage, iteration, worker, start, end and weight
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -19,43 +17,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.cluster.preemption import StopAtStep, check_notice
+from pipelines.cluster.preemption import HandedBack
+from pipelines.cluster.runtime import runtime
+from pipelines.run.records import explore_request, stage_name, task_record
+from pipelines.run.rollout_store import read_rollout
+from pipelines.run.streamed import Explored, RequestRun, StreamedRequest, run_streamed_request
 from spotlight.config import RunConfig, config_hash
 from spotlight.models.base import Policy, build_policy, stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import Advantages, group_advantages
-from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
-                                  trainable_steps, transition_distribution)
-from spotlight.rl.sde import gaussian_log_prob
+from spotlight.rl.sampler import Trajectory, schedule_of, step_grid, trainable_steps
 from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
-from storage.latents import Labels
 
-ROLLOUT_REQUEST = "batch"   # runs before grpo.request_prompts stored one request, the whole batch
+__all__ = ["stage_name", "explore_request", "task_record"]   # the names tasks share, re-exported
 
-
-def stage_name(iteration: int, stage: str) -> str:
-    return f"iter-{iteration}/{stage}"
-
-
-def explore_request(prompt_index: int, chunk: int) -> str:
-    return f"p{prompt_index:04d}-c{chunk:04d}"
-
-
-def worker_name() -> str:
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().name)
-    except (ImportError, ValueError):
-        return f"local-{os.getpid()}"
-
-
-def task_record(stage: str, iteration: int, start: float, version: int, **info) -> dict:
-    return {"stage": stage, "iteration": iteration, "worker": worker_name(), "start": start,
-            "end": time.time(), "weights_version": version, **info}
 
 
 @dataclass(frozen=True)
@@ -156,40 +134,27 @@ class WorkerContext:
         held = self.rollouts.get(iteration)
         if held is not None:
             return held
-        stage = stage_name(iteration, "rollout")
-        arrays = self.store.get_arrays(stage, "rollout")
-        if "latents" in arrays:
-            latents = torch.from_numpy(arrays["latents"])
-        else:   # one streamed batch, or one stream per prompt (a pulled rollout), in order
-            names = self.store.requests(stage)   # listed once: one round trip
-            names = [ROLLOUT_REQUEST] if ROLLOUT_REQUEST in names else sorted(names)
-            latents = torch.cat([torch.from_numpy(np.asarray(self.store.read_trajectory(stage, n)))
-                                 for n in names], dim=1)
-            latents = latents.transpose(0, 1).contiguous()   # stored (step, batch, ...)
+        log_probs, latents = read_rollout(self.store, stage_name(iteration, "rollout"))
         sampler = self.config.sampler
-        traj = Trajectory(latents.float(), torch.from_numpy(arrays["log_probs"]).float(),
+        traj = Trajectory(torch.from_numpy(latents).float(), torch.from_numpy(log_probs).float(),
                           step_grid(sampler, schedule=schedule_of(self.policy, sampler)).sigmas,
                           trainable_steps(sampler))
         return RolloutOutput(iteration, traj, {})
 
 
-_CONTEXTS: dict[str, WorkerContext] = {}
 _CONTEXTS_LOCK = threading.Lock()
 
 
 def context(config: RunConfig, store: RunStore) -> WorkerContext:
+    """This worker's context of the run (``config`` at ``store``), made on first use and kept
+    in the worker's runtime."""
     key = f"{store.url}|{config_hash(config.to_dict())}"
+    contexts: dict[str, WorkerContext] = runtime().slot("run-contexts", dict)
     with _CONTEXTS_LOCK:
-        ctx = _CONTEXTS.get(key)
+        ctx = contexts.get(key)
         if ctx is None:
-            ctx = _CONTEXTS[key] = WorkerContext(config, store)
+            ctx = contexts[key] = WorkerContext(config, store)
         return ctx
-
-
-def forget_contexts() -> None:
-    """Drop every run's in-memory state in this process (tests; a finished run)."""
-    with _CONTEXTS_LOCK:
-        _CONTEXTS.clear()
 
 
 # --- tasks ------------------------------------------------------------------------------------
@@ -218,99 +183,6 @@ def embed_prompts_task(config: RunConfig, store: RunStore, iteration: int,
     return task_record("embed", iteration, start, ctx.version or 0, prompts=len(prompts))
 
 
-def _sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, keys, stage: str,
-                     request: str, version: int, num_steps: int | None = None,
-                     progress: dict | None = None, member=None) -> Trajectory:
-    """SDE-sample one request, committing the latent after every step when streaming is on.
-
-    A request the store already holds steps of (an earlier attempt was killed) resumes from its
-    last committed step; the steps before it are read back and their log-probabilities
-    recomputed, so the trajectory equals an uninterrupted one bit for bit.
-
-    With ``progress`` (a dict) the request is preemptible: after a notice it stops at the next
-    step boundary with :class:`~pipelines.cluster.preemption.StopAtStep`, once that step is committed;
-    ``progress`` says where it resumed from and when its first and last new steps were
-    committed (``first_step``: the step committed at ``first_step_at``).
-
-    With ``member`` (:class:`~pipelines.parallel.executor.GroupMember`) this is one member of
-    an SP group running the same request: every member computes the same steps, the leader
-    alone reads where the request stands (the others take its answer) and commits.
-    """
-    config = ctx.config
-    steps = num_steps or config.sampler.num_steps
-    if not config.stream_latents:
-        return sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps)
-    leads = member is None or member.leads
-    point = _resume_point(ctx.store, stage, request, version, member)
-    start = 0 if point is None else point.step
-    if progress is not None:
-        progress.update(resumed_from=start, first_step_at=None)
-        if member is None:   # a group's members stop together only when the group breaks
-            check_notice(start)   # noticed before it began: hand it back untouched
-    labels = _latent_labels(config, prompts, seeds, steps, version, ctx.policy)
-    with ctx.store.latent_sink(stage) if leads else contextlib.nullcontext() as sink:
-        def commit(step: int, x: torch.Tensor) -> None:
-            if sink is None:
-                return
-            sink.commit(request, step, x.numpy(), num_steps=steps, weights_version=version,
-                        labels=labels)
-            if progress is not None and step > 0:
-                progress["last_step_at"] = time.time()
-                if progress["first_step_at"] is None:
-                    progress["first_step_at"] = progress["last_step_at"]
-                    progress["first_step"] = step
-                if step < steps and member is None:
-                    check_notice(step)   # the latent is queued; the sink's exit commits it
-
-        if point is None:
-            commit(0, initial_latents(keys, ctx.policy.tokens_shape))
-        traj = sample(ctx.policy, prompts, keys, config.sampler, mode="sde", num_steps=steps,
-                      start_step=start, start_latents=None if point is None
-                      else torch.from_numpy(np.asarray(point.latent)),
-                      on_step=lambda t, x: commit(t + 1, x))
-    if start > 0:
-        earlier = np.asarray(ctx.store.latents.read_steps(stage, request, 0, start))
-        traj.latents[:, :start] = torch.from_numpy(earlier).transpose(0, 1)
-        _recompute_log_probs(ctx.policy, traj, prompts, config, start, steps)
-    return traj
-
-
-def _resume_point(store: RunStore, stage: str, request: str, version: int, member):
-    """The request's last committed step (None: none), read by the group's leader alone and
-    agreed on by its other members; a step of another weights version is an error."""
-    leads = member is None or member.leads
-    point = store.resume_point(stage, request) if leads else None
-    point = point if member is None else member.agree(point)
-    if point is not None and point.weights_version != version:
-        raise RuntimeError(f"{stage}/{request} was started with weights version "
-                           f"{point.weights_version}, now asked for {version}")
-    return point
-
-
-def _latent_labels(config: RunConfig, prompts: list[str], seeds: np.ndarray, steps: int,
-                   version: int, policy: Policy) -> Labels:
-    """What a stored request's latents are: per sample its prompt and seed, per step its σ."""
-    return Labels(("sample", "token", "channel"), {
-        "prompt": ("sample", list(prompts)), "seed": ("sample", np.asarray(seeds).reshape(-1)),
-        "sigma": ("step", step_grid(config.sampler, steps, schedule=schedule_of(
-            policy, config.sampler)).sigmas.double().numpy()),
-        "weights_version": ("", np.int64(version))})
-
-
-@torch.no_grad()
-def _recompute_log_probs(policy, traj: Trajectory, prompts: list[str], config: RunConfig,
-                         stop: int, steps: int) -> None:
-    """Fill the log-probabilities of the SDE steps before ``stop`` from the stored latents."""
-    sampler = config.sampler
-    if steps != sampler.num_steps:
-        return   # exploration replays use no log-probabilities
-    text = policy.encode(prompts)
-    for t in traj.trainable_steps:
-        if t < stop:
-            dist = transition_distribution(policy, traj.latents, t, traj.sigmas, text, sampler)
-            traj.log_probs[:, t] = gaussian_log_prob(traj.latents[:, t + 1], dist)
-
-
 def load_rollout_task(config: RunConfig, store: RunStore, iteration: int) -> RolloutOutput:
     """A finished rollout read back from the run store (resumed runs; never recomputed)."""
     ctx = context(config, store)
@@ -330,8 +202,7 @@ def reward_task(config: RunConfig, store: RunStore, rollout: RolloutOutput, prom
     check_rewards(rewards, "rollout")
     rewards = rewards.reshape(len(prompts), group)
     store.put_arrays(stage_name(rollout.iteration, "reward"), "reward", {"rewards": rewards})
-    return {"rewards": rewards, "records": [rollout.record] if rollout.record else [],
-            "record": task_record("reward", rollout.iteration, start, version)}
+    return {"rewards": rewards, "record": task_record("reward", rollout.iteration, start, version)}
 
 
 def advantages_task(config: RunConfig, iteration: int, rewards: np.ndarray, version: int) -> dict:
@@ -385,47 +256,26 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
                         task_record("checkpoint", iteration, start, version + 1)]}
 
 
-def handed_back(store: RunStore, stage: str, request: str, stop: StopAtStep,
-                record: dict) -> dict:
-    """The result of a request handed back after a preemption notice: a result, not a failure.
-    The sink has closed, so everything through ``stop.step`` is committed (lost steps:
-    computed minus committed)."""
-    point = store.resume_point(stage, request)
-    return {"preempted": True, "step": 0 if point is None else int(point.step),
-            "computed_step": stop.step, "record": record}
-
-
-def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest) -> dict:
+def explore_task(config: RunConfig, store: RunStore,
+                 request: ExploreRequest) -> Explored | HandedBack:
     """Score candidate seeds of one prompt by replaying the rollout's SDE sampler (see
     :class:`ExploreRequest`). One call is one request of fixed batch shape."""
-    start = time.time()
-    iteration, prompt_index, prompt, seeds, chunk, version, stage = (
-        request.iteration, request.prompt_index, request.prompt, request.seeds, request.chunk,
-        request.version, request.stage)
-    ctx = context(config, store)
     steps = request.steps or config.exploration.steps or config.sampler.num_steps
-    where, name = stage_name(iteration, stage), request.name
-    progress: dict = {}
-    with ctx.lock:
-        policy = ctx.policy_at(version)
-        policy.eval()
-        keys = sample_keys(config.seed, [prompt], np.asarray(seeds)[None, :])
-        try:
-            traj = _sample_streamed(ctx, [prompt.text] * len(seeds), np.asarray(seeds), keys,
-                                    where, name, version, num_steps=steps, progress=progress)
-        except StopAtStep as stop:
-            return {**handed_back(store, where, name, stop, task_record(
-                        stage, iteration, start, version, request=name, preempted=True,
-                        **progress)), "prompt_index": prompt_index, "chunk": chunk}
-        images = policy.decode(traj.final)
-        rewards = np.asarray(ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
-    check_rewards(rewards, "exploration")
-    return {"prompt_index": prompt_index, "chunk": chunk, "seeds": np.asarray(seeds),
-            "rewards": rewards,
-            "record": task_record(stage, iteration, start, version, prompt_index=prompt_index,
-                                  chunk=chunk, samples=len(seeds), steps=steps, request=name,
-                                  text_encoder=bool(getattr(policy, "text_encoder_loaded", False)),
-                                  **progress)}
+    seeds, prompt = np.asarray(request.seeds), request.prompt
+    where = StreamedRequest(stage_name(request.iteration, request.stage), request.name,
+                            request.version, request.stage, request.iteration)
+
+    def score(run: RequestRun) -> Explored:
+        keys = sample_keys(config.seed, [prompt], seeds[None, :])
+        traj = run.sample([prompt.text] * len(seeds), seeds, keys, num_steps=steps)
+        images = run.policy.decode(traj.final)
+        rewards = np.asarray(run.ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
+        check_rewards(rewards, "exploration")
+        return Explored(request.prompt_index, request.chunk, seeds, rewards, run.record(
+            prompt_index=request.prompt_index, chunk=request.chunk, samples=len(seeds),
+            steps=steps, text_encoder=bool(getattr(run.policy, "text_encoder_loaded", False))))
+
+    return run_streamed_request(context(config, store), where, score)
 
 
 def validation_task(config: RunConfig, store: RunStore, iteration: int, prompts: list[Prompt],

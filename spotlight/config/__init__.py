@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from spotlight.config.base import ConfigError, Validated, build, replaced, spec
+from spotlight.modes import MODE_NAMES, MODES, Mode, mode_of
 from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, CostConfig,
                                        ExplorationConfig, FidelityConfig, GRPOConfig,
                                        InjectorConfig, ModelConfig, ParallelConfig,
@@ -65,12 +66,8 @@ class RunConfig(Validated):
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
-    mode: str = spec("spotlight", "'spotlight' (stale-weight exploration on spot workers during "
-                                  "training), 'sync' (exploration on gpu workers before the "
-                                  "rollout), 'vanilla' (random seeds) or 'rlboost' (random "
-                                  "seeds, rollouts pulled by gpu and spot workers: RLBoost's "
-                                  "hybrid rollout, the paper's baseline).",
-                     choices=("spotlight", "sync", "vanilla", "rlboost"))
+    mode: str = spec("spotlight", "; ".join(f"'{m.name}' ({m.summary})" for m in MODES.values())
+                     + ".", choices=MODE_NAMES)
     store: str = spec("", "Run store URL (file path, file://, s3://); empty = runs/<time>-<hash>.")
     stream_latents: bool = spec(True, "Stream every denoising step's latent to the run store.")
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
@@ -96,16 +93,14 @@ class RunConfig(Validated):
     def validate(self) -> None:
         check_run(self)
 
-    def placed(self, stage: str, mode: str | None = None) -> tuple[str, ...]:
+    def placed(self, stage: str, mode: "str | Mode | None" = None) -> tuple[str, ...]:
         """The worker classes that run ``stage`` (rollout, explore, reward, train) in ``mode``
         (default: this config's): ``placement.<stage>``, or the mode's default when empty."""
         chosen = getattr(self.placement, stage)
         if chosen:
             return tuple(chosen)
-        mode = mode or self.mode
-        if stage == "rollout":
-            return ("gpu", "spot") if mode in ("spotlight", "rlboost") else ("gpu",)
-        return ("spot",) if mode == "spotlight" else ("gpu",)   # explore
+        mode = mode_of(mode or self.mode)
+        return mode.rollout_on if stage == "rollout" else mode.explore_on
 
 
 
@@ -124,7 +119,8 @@ def faithful_replay(sampler: SamplerConfig, steps: int) -> bool:
 def check_run(config: "RunConfig") -> None:
     """Cross-section checks of a whole run."""
     grpo, explore, sampler = config.grpo, config.exploration, config.sampler
-    if config.mode in ("spotlight", "sync") and explore.candidates < grpo.group_size:
+    mode = mode_of(config.mode)
+    if mode.explores and explore.candidates < grpo.group_size:
         raise ConfigError(
             f"exploration.candidates = {explore.candidates} cannot fill a group of "
             f"grpo.group_size = {grpo.group_size}; explore at least {grpo.group_size} "
@@ -142,12 +138,12 @@ def check_run(config: "RunConfig") -> None:
             f"window's end and num_steps")
     _check_planner_arms(config)
     _check_sequence_parallel(config)
-    if config.mode == "rlboost" and "spot" not in config.placed("rollout"):
-        raise ConfigError(f"mode 'rlboost' rolls out on spot workers too, but placement.rollout "
+    if mode.hybrid_rollout and "spot" not in config.placed("rollout"):
+        raise ConfigError(f"mode '{mode}' rolls out on spot workers too, but placement.rollout "
                           f"= {config.placement.rollout}; set placement.rollout: [gpu, spot] "
                           f"(or leave it empty)")
     cluster = config.cluster
-    if not cluster.scheduler and cluster.spot_workers == 0 and config.mode == "spotlight" and \
+    if not cluster.scheduler and cluster.spot_workers == 0 and mode.needs_spot and \
             cluster.missing_spot == "error":
         raise ConfigError("cluster.spot_workers = 0 on an embedded cluster, but mode "
                           "'spotlight' explores on spot workers; start at least one "
@@ -194,7 +190,7 @@ def _check_sequence_parallel(config: "RunConfig") -> None:
 
 def _check_planner_arms(config: "RunConfig") -> None:
     planner, sampler, group = config.planner, config.sampler, config.grpo.group_size
-    if config.mode in ("vanilla", "rlboost") or not planner.enabled:
+    if not mode_of(config.mode).explores or not planner.enabled:
         return
     small = [n for n in planner.candidates if n <= group]
     if small:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spotlight.modes import mode_of
+
 
 def max_variance_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np.ndarray:
     """Indices of ``size`` candidates with the largest reward variance.
@@ -110,9 +112,10 @@ def seed_source(mode: str, trusting: bool, fallback: str, has_stale: bool) -> st
     weights now), 'explore' (select among the stale candidates), 'fallback-random' (their
     first G seeds, which were drawn at random: the stale scores kept for τ, not used) or
     'random'. One rule for the pipeline and the harness, so the two cannot drift apart."""
-    falling_back = mode == "spotlight" and not trusting
-    if mode == "sync" or (falling_back and fallback == "sync"):
+    mode_ = mode_of(mode)
+    falling_back = mode_.stale and not trusting
+    if (mode_.explores and not mode_.stale) or (falling_back and fallback == "sync"):
         return "sync"
-    if mode == "spotlight" and has_stale:
+    if mode_.stale and has_stale:
         return "fallback-random" if falling_back else "explore"
     return "random"

@@ -7,6 +7,7 @@ implements it and one ``@register_policy("name")`` builder -- nothing in ``pipel
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
@@ -71,18 +72,26 @@ class Policy(Protocol):
 
 PolicyBuilder = Callable[[Any], Policy]   # RunConfig -> a policy with freshly built weights
 BaseBuilder = Callable[[Any, bool], Policy]   # (RunConfig, progress) -> the base model
-POLICIES: dict[str, PolicyBuilder] = {}
-"""Registered policy builders by name (``model.policy``)."""
-BASES: dict[str, BaseBuilder] = {}
-"""How each registered policy gets its base weights (checkpoint 0 of a run)."""
-PROMPT_STORE: set[str] = set()
-"""Policies whose prompt embeddings are kept in the run store (computed once, on a gpu worker)."""
-DECODERS: dict[str, Callable[[Any], Callable[[np.ndarray], np.ndarray]]] = {}
-"""RunConfig -> (stored latent -> (H, W, 3) image in [0, 1]): how the audit shows a latent."""
-CHECKS: dict[str, Callable[[Any], None]] = {}
-"""RunConfig -> None or a clear error: what the policy can check before any worker starts."""
-SIZERS: dict[str, Callable[[Any], Any]] = {}
-"""RunConfig -> spotlight.sizing.ModelSize, without loading weights (``--dry-run``)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """Everything Spotlight knows of one model, registered under its ``model.policy`` name.
+    Only ``build`` is required; each other part has a default its reader names."""
+
+    name: str
+    build: PolicyBuilder | None = None   # RunConfig -> a policy with freshly built weights
+    prompt_store: bool = False   # prompt embeddings kept in the run store (see ``Policy``)
+    base: BaseBuilder | None = None   # checkpoint 0 (default: build's weights)
+    decoder: Callable[[Any], Callable[[np.ndarray], np.ndarray]] | None = None
+    """RunConfig -> (stored latent -> (H, W, 3) image in [0, 1]); default: the audit shows none."""
+    check: Callable[[Any], None] | None = None   # what can fail, before any worker starts
+    sizer: Callable[[Any], Any] | None = None   # RunConfig -> ModelSize (``--dry-run``)
+
+
+POLICIES: dict[str, PolicySpec] = {}
+"""The registered models by name. A model's parts may be registered from several modules (its
+heavy dependencies imported only where used); each registration fills in its part."""
 
 # Modules that register the policies shipped with Spotlight; imported on first use so that
 # naming a policy does not import every model's dependencies.
@@ -92,30 +101,35 @@ _SHIPPED = {"digits": ("spotlight.models.pretrain",),   # the policy, and its pr
                            "spotlight.models.qwen_image.sizing")}
 
 
+def _fill(name: str, part: str, value: Any) -> None:
+    spec = POLICIES.get(name) or PolicySpec(name)
+    held = getattr(spec, part)
+    if part == "build" and held is not None and held is not value:
+        raise ValueError(f"policy '{name}' is registered twice ({held!r} and {value!r}); pick "
+                         "another name")
+    POLICIES[name] = replace(spec, **{part: value})
+
+
 def register_policy(name: str, *, prompt_store: bool = False
                     ) -> Callable[[PolicyBuilder], PolicyBuilder]:
     """Decorator: ``build_policy`` calls the builder with the run config for ``model.policy``.
     ``prompt_store``: the policy's prompt embeddings go to the run store (see ``Policy``)."""
 
     def add(builder: PolicyBuilder) -> PolicyBuilder:
-        if name in POLICIES and POLICIES[name] is not builder:
-            raise ValueError(f"policy '{name}' is registered twice ({POLICIES[name]!r} and "
-                             f"{builder!r}); pick another name")
-        POLICIES[name] = builder
-        if prompt_store:
-            PROMPT_STORE.add(name)
+        _fill(name, "build", builder)
+        _fill(name, "prompt_store", prompt_store)
         return builder
 
     return add
 
 
-def _registrar(table: dict[str, Callable]) -> Callable[[str], Callable]:
-    """A decorator factory: ``@register(name)`` files the decorated function under the policy
-    ``name`` in ``table`` (a policy without an entry gets the default the table's reader names)."""
+def _registrar(part: str) -> Callable[[str], Callable]:
+    """A decorator factory: ``@register(name)`` files the decorated function as ``part`` of the
+    policy ``name``."""
 
     def register(name: str) -> Callable:
         def add(function: Callable) -> Callable:
-            table[name] = function
+            _fill(name, part, function)
             return function
 
         return add
@@ -123,66 +137,63 @@ def _registrar(table: dict[str, Callable]) -> Callable[[str], Callable]:
     return register
 
 
-register_base = _registrar(BASES)         # base_policy's (default: build_policy's weights)
-register_decoder = _registrar(DECODERS)   # latent_decoder's (default: the audit shows no image)
-register_check = _registrar(CHECKS)       # check_policy's (default: nothing to check)
-register_sizing = _registrar(SIZERS)      # model_size's (default: none; --dry-run refuses)
+register_base = _registrar("base")         # base_policy's (default: build_policy's weights)
+register_decoder = _registrar("decoder")   # latent_decoder's (default: the audit shows no image)
+register_check = _registrar("check")       # check_policy's (default: nothing to check)
+register_sizing = _registrar("sizer")      # model_size's (default: none; --dry-run refuses)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    """The registered model ``name`` (its shipped modules imported first); a clear error
+    naming the choices when there is none."""
+    import importlib   # the shipped modules are named, not imported, until a run needs one
+
+    for module in _SHIPPED.get(name, ()):   # every part of the name, whichever came first
+        importlib.import_module(module)
+    spec = POLICIES.get(name)
+    if spec is None or spec.build is None:
+        raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
+                         f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "
+                         "@register_policy")
+    return spec
 
 
 def latent_decoder(config: Any) -> Callable[[np.ndarray], np.ndarray] | None:
     """How the audit turns a stored latent of ``config``'s policy into pixels (None: unknown)."""
-    _registered(config.model.policy)
-    builder = DECODERS.get(config.model.policy)
-    return builder(config) if builder is not None else None
+    decoder = policy_spec(config.model.policy).decoder
+    return decoder(config) if decoder is not None else None
 
 
 def check_policy(config: Any) -> None:
     """Everything about ``config``'s model that can fail, checked before a cluster starts or a
     run store is created (weights folder, dtype, resolution, adapter targets)."""
-    _registered(config.model.policy)
-    check = CHECKS.get(config.model.policy)
+    check = policy_spec(config.model.policy).check
     if check is not None:
         check(config)
 
 
 def model_size(config: Any) -> Any:
     """The :class:`spotlight.sizing.ModelSize` of ``config``'s policy (nothing loaded)."""
-    name = config.model.policy
-    _registered(name)
-    if name not in SIZERS:
-        raise ValueError(f"policy {name!r} cannot size itself for --dry-run; register a sizer "
-                         "with @register_sizing")
-    return SIZERS[name](config)
-
-
-def _registered(name: str) -> None:
-    import importlib
-
-    for module in _SHIPPED.get(name, ()):   # every registry of the name, whichever came first
-        importlib.import_module(module)
-    if name not in POLICIES:
-        raise ValueError(f"model.policy = {name!r} is not a registered policy; choose one of "
-                         f"{sorted(set(POLICIES) | set(_SHIPPED))}, or register yours with "
-                         "@register_policy")
+    spec = policy_spec(config.model.policy)
+    if spec.sizer is None:
+        raise ValueError(f"policy {spec.name!r} cannot size itself for --dry-run; register a "
+                         "sizer with @register_sizing")
+    return spec.sizer(config)
 
 
 def stores_prompts(config: Any) -> bool:
     """Whether ``config``'s policy keeps its prompt embeddings in the run store."""
-    _registered(config.model.policy)
-    return config.model.policy in PROMPT_STORE
+    return policy_spec(config.model.policy).prompt_store
 
 
 def build_policy(config: Any) -> Policy:
     """The policy ``config.model.policy`` names, built for ``config`` (a worker then loads a
     checkpoint's trainable state into it)."""
-    _registered(config.model.policy)
-    return POLICIES[config.model.policy](config)
+    return policy_spec(config.model.policy).build(config)
 
 
 def base_policy(config: Any, progress: bool = True) -> Policy:
     """The base model of ``config`` -- what a run's checkpoint 0 holds: pretrained (digits,
     cached), or loaded from its weights with a fresh adapter (qwen-image)."""
-    name = config.model.policy
-    _registered(name)
-    builder = BASES.get(name)
-    return builder(config, progress) if builder is not None else POLICIES[name](config)
+    spec = policy_spec(config.model.policy)
+    return spec.base(config, progress) if spec.base is not None else spec.build(config)

@@ -76,8 +76,9 @@ def late_member(rank: int, port: int, out_dir: str) -> None:
     from pipelines.parallel import executor
 
     executor.JOIN_TIMEOUT = timedelta(seconds=2)
-    executor.STATE.model, executor.STATE.version = tiny_transformer(), 0
-    executor.STATE.rendezvous = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
+    state = executor.state()
+    state.model, state.version = tiny_transformer(), 0
+    state.rendezvous = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
                                               timeout=executor.JOIN_TIMEOUT)
     executor.join(1, rank, 2, "127.0.0.1", port, 0)
     if rank == 1:

@@ -11,9 +11,12 @@ import pytest
 import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.cluster.runtime import runtime
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
-from pipelines.parallel.serve import GroupServer, after_committed, denoise_requests, kill_when
+from pipelines.bench.sp_chaos import after_committed, kill_when
+from pipelines.bench.sp_requests import denoise_alone, denoise_requests
+from pipelines.parallel.serve import GroupServer
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 24
@@ -34,11 +37,11 @@ def train_batch() -> tuple[dict, torch.Tensor]:
     return batch, torch.randn(batch["hidden_states"].shape[0], 256, 4 * 4, generator=g)
 
 
-def restarted_in_place() -> None:
+def restarted_in_place(dask_worker) -> None:
     """On a worker: what a process restarted at the same address holds -- no weights, no
     group, its old connections reset (the scheduler saw nobody leave)."""
     executor.leave(abort=True)
-    executor.STATE = executor.ExecutorState()
+    runtime(dask_worker).clear()
 
 
 def wait_for_workers(client, count: int) -> list[str]:
@@ -54,7 +57,7 @@ def serve(sp: SPGroups, url: str, phase: str, kills: int) -> tuple[dict, GroupSe
     server = GroupServer(sp, denoise_requests(requests, STEPS, url))
     served = server.run(kill_when([after_committed(8, url) for _ in range(kills)]))
     assert sorted(served.results) == sorted(requests)
-    return {name: out["latents"] for name, out in served.results.items()}, server
+    return {name: out.latents for name, out in served.results.items()}, server
 
 
 def scenario(client, url: str, chaos: bool, v2: dict) -> dict:
@@ -128,5 +131,5 @@ def test_sp_groups_under_kills_while_versions_change_compute_what_an_undisturbed
     first = sorted(clean["v0"])[0].split("-", 1)[1]
     v0, v1, v2_ = (clean[p][f"{p}-{first}"] for p in ("v0", "v1", "v2"))
     assert not torch.equal(v0, v1) and not torch.equal(v1, v2_)
-    expected = executor.denoise_alone(model, request_inputs(seed=20), STEPS)
+    expected = denoise_alone(model, request_inputs(seed=20), STEPS)
     assert float((v0 - expected).abs().max()) <= 1e-5

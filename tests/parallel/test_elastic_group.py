@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.bench.sp_requests import denoise, denoise_alone
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, live_workers
 
@@ -27,7 +28,7 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
     model = executor.build_model(SPEC)
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
-    expected = executor.denoise_alone(model, request_inputs(), STEPS)
+    expected = denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
@@ -36,11 +37,11 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
         pair = max(sp.membership.serving(), key=lambda g: g.degree)
         assert pair.degree == 2 and [c["via"] for c in sp.log if c["action"] == "copy"] == \
             ["store"] * 3, sp.log
-        uninterrupted = sp.submit(pair, executor.denoise, request_inputs(),
-                                  STEPS)[0].result()["latents"]
+        uninterrupted = sp.submit(pair, denoise, request_inputs(),
+                                  STEPS)[0].result().latents
         assert (uninterrupted - expected).abs().max() <= 1e-5
 
-        futures = sp.submit(pair, executor.denoise, request_inputs(), STEPS)
+        futures = sp.submit(pair, denoise, request_inputs(), STEPS)
         time.sleep(0.5)   # the request is under way (150 steps take seconds)
         victim = pair.members[1]
         os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
@@ -50,8 +51,8 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
         assert [g.degree for g in formed] == [2] and victim not in formed[0].members
         assert pair.members[0] in formed[0].members
         assert not [c for c in sp.log if c["action"] == "copy"][3:]   # nobody reloaded
-        again = sp.submit(formed[0], executor.denoise, request_inputs(),
-                          STEPS)[0].result()["latents"]
+        again = sp.submit(formed[0], denoise, request_inputs(),
+                          STEPS)[0].result().latents
         assert torch.equal(again, uninterrupted)
 
 
@@ -65,14 +66,14 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     url = f"file://{tmp_path}/run"
     store = RunStore.open(url)
     store.save_checkpoint(0, model.state_dict(), None)
-    expected = executor.denoise_alone(model, request_inputs(), STEPS)
+    expected = denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
         sp.add(live_workers(client))
         pair = max(sp.membership.serving(), key=lambda g: g.degree)
-        futures = sp.submit(pair, executor.denoise, request_inputs(), STEPS, url, "r0")
+        futures = sp.submit(pair, denoise, request_inputs(), STEPS, url, "r0")
         while (store.resume_point("sp", "r0") or (0,))[0] < 20:
             time.sleep(0.05)   # under way: some steps committed
         victim = pair.members[1]
@@ -82,10 +83,10 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
         cut = store.resume_point("sp", "r0").step
         assert 20 <= cut < STEPS
         formed = sp.lost(victim)
-        resumed = sp.submit(formed[0], executor.denoise, request_inputs(), STEPS, url,
+        resumed = sp.submit(formed[0], denoise, request_inputs(), STEPS, url,
                             "r0")[0].result()
-    assert resumed["resumed_from"] == cut   # not from the start
-    assert (resumed["latents"] - expected).abs().max() <= 1e-5
+    assert resumed.resumed_from == cut   # not from the start
+    assert (resumed.latents - expected).abs().max() <= 1e-5
     assert store.resume_point("sp", "r0").step == STEPS
 
 

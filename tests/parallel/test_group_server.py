@@ -8,8 +8,9 @@ import torch
 from pipelines.bench.sp import SPEC, request_inputs
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, live_workers
-from pipelines.parallel.serve import (GroupRequestFailed, GroupServer, after_committed,
-                                      denoise_requests, kill_when)
+from pipelines.bench.sp_chaos import after_committed, kill_when
+from pipelines.bench.sp_requests import denoise_alone, denoise_requests
+from pipelines.parallel.serve import GroupRequestFailed, GroupServer
 
 pytestmark = pytest.mark.timeout(400)
 STEPS = 60
@@ -25,7 +26,7 @@ def test_requests_survive_members_killed_under_them(tmp_path):
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     requests = {f"r{i}": request_inputs(seed=10 + i) for i in range(4)}
-    expected = {name: executor.denoise_alone(model, inputs, STEPS) for name, inputs in requests.items()}
+    expected = {name: denoise_alone(model, inputs, STEPS) for name, inputs in requests.items()}
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.wait_for_workers(4)
@@ -37,7 +38,7 @@ def test_requests_survive_members_killed_under_them(tmp_path):
     assert served.losses == 2
     assert sorted(served.results) == sorted(requests)
     for name in requests:
-        assert float((served.results[name]["latents"] - expected[name]).abs().max()) <= 1e-5, name
+        assert float((served.results[name].latents - expected[name]).abs().max()) <= 1e-5, name
     cut = [n for n, a in served.attempts.items() if a > 1]
     assert cut and all(served.resumed_from[n] >= 10 for n in cut)   # not from the start
 

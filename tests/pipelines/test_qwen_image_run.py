@@ -84,7 +84,7 @@ def test_a_spot_worker_killed_mid_exploration_resumes_from_its_last_committed_st
         pool.wait(300)
         out = pool.close()["r"]
     assert pool.summary()["preemptions_hard"] == 1
-    np.testing.assert_array_equal(out["rewards"], reference["rewards"])
+    np.testing.assert_array_equal(out.rewards, reference.rewards)
     run = RunStore.open(str(tmp_path / "run"), create=False)
     np.testing.assert_array_equal(np.asarray(run.read_trajectory(stage, REQUEST)),
                                   np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines.front.session import Session
+from pipelines.run.rollout_store import read_rollout
 from spotlight.config import load_config
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -58,7 +59,7 @@ def _iteration(yaml_path, url, sp: bool, during=None, data_parallel: bool = Fals
         record = store.stage_record("iter-0/rollout")["info"]
         tasks = store.get_json("iter-0/iteration", "tasks")["tasks"]
         return {"rewards": store.get_arrays("iter-000000/reward", "reward")["rewards"],
-                "log_probs": store.get_arrays("iter-000000/rollout", "rollout")["log_probs"],
+                "log_probs": read_rollout(store, "iter-0/rollout")[0],
                 "latents": latents, "weights": store.load_checkpoint(1).weights,
                 "names": names, "record": record, "tasks": tasks,
                 "rollouts": [t for t in tasks if t["stage"] == "rollout"]}
@@ -99,7 +100,7 @@ def test_a_member_killed_mid_request_regroups_and_the_request_resumes(run_yaml, 
         deadline = time.monotonic() + 120
         steps = SP["sampler.num_steps"]
         while time.monotonic() < deadline and not killed:
-            groups = session.driver.sp_groups
+            groups = session.driver.standing.sp_groups
             store = RunStore.open(url, create=False) if groups else None
             for name in ("p0000", "p0001") if store else ():
                 point = store.resume_point("iter-0/rollout", name)

@@ -8,7 +8,7 @@ import pytest
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (RESULT_TYPES, AuditResult, ExploreResult, IterationRecord,
                                   PlanResult, RewardResult, RolloutResult,
-                                  SelectionResult, StageRecordError,
+                                  SelectionResult, Stage, StageRecordError,
                                   TrainResult, ValidationResult, read_result)
 from spotlight.exploration.planner import Plan
 from storage import RunStore
@@ -149,3 +149,12 @@ def test_records_from_before_kinds_read_as_version_one():
     assert read_result("iteration", old_iteration).planner == {"a": 1}
     old_selection = {"source": "explore", "selection": {"seeds": [[1, 2]]}}
     assert read_result("selection", old_selection).selection == {"seeds": [[1, 2]]}
+
+
+def test_every_stage_records_a_result_type_and_an_unknown_stage_is_an_error(tmp_path):
+    assert set(RESULT_TYPES) == set(Stage)
+    assert f"iter-3/{Stage.EXPLORE_SYNC}" == "iter-3/explore-sync" == f"iter-3/{'explore-sync'}"
+    log = StageLog(RunStore.open(str(tmp_path / "run")))
+    assert not log.done(0, Stage.ROLLOUT) and not log.done(0, "rollout")
+    with pytest.raises(StageRecordError, match="no stage named 'rollot'"):
+        log.done(0, "rollot")

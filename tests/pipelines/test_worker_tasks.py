@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import tasks
 from pipelines.run.rollout import rollout_task
 from spotlight.models.pretrain import load_base_policy, pretrain
@@ -23,7 +24,7 @@ def run(tiny_run_config, tmp_path):
     store.save_checkpoint(0, load_base_policy(tiny_run_config).state_dict(), None)
     prompts = load_prompts(tiny_run_config.world.train_prompts, "ocr")
     yield tiny_run_config, store, prompts
-    tasks.forget_contexts()
+    reset_runtime()
 
 
 def test_one_iteration_chain_moves_the_weights_one_version(run):
@@ -64,7 +65,7 @@ def test_exploration_is_deterministic_and_resumes_bit_for_bit(run):
     config, store, all_prompts = run
     prompt, seeds = all_prompts[0], np.arange(5)
     first = tasks.explore_task(config, store, tasks.ExploreRequest(1, 0, prompt, seeds, 0, 0))
-    assert first["rewards"].shape == (5,) and first["record"]["samples"] == 5
+    assert first.rewards.shape == (5,) and first.record["samples"] == 5
     # A fresh stage, cut after two committed steps, then resumed in another attempt.
     where, request = tasks.stage_name(1, "audit"), tasks.explore_request(0, 0)
     tasks.explore_task(config, store,
@@ -72,9 +73,9 @@ def test_exploration_is_deterministic_and_resumes_bit_for_bit(run):
     latents = np.asarray(store.read_trajectory(where, request))
     again = tasks.explore_task(config, store,
                                tasks.ExploreRequest(1, 0, prompt, seeds, 0, 0, "audit"))
-    np.testing.assert_array_equal(again["rewards"], first["rewards"])
+    np.testing.assert_array_equal(again.rewards, first.rewards)
     np.testing.assert_array_equal(np.asarray(store.read_trajectory(where, request)), latents)
-    assert again["record"]["resumed_from"] == config.sampler.num_steps   # nothing recomputed
+    assert again.record["resumed_from"] == config.sampler.num_steps   # nothing recomputed
 
 
 def test_a_stream_started_with_other_weights_is_refused(run):

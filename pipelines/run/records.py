@@ -1,0 +1,29 @@
+"""Names and records every task shares: a stage's folder name, an exploration request's name,
+and the task record (stage, iteration, worker, start, end, weights version, and what the task
+adds) that the timeline, the audit and the benches read back from the run store as JSON."""
+from __future__ import annotations
+
+import os
+import time
+
+
+def stage_name(iteration: int, stage: str) -> str:
+    return f"iter-{iteration}/{stage}"
+
+
+def explore_request(prompt_index: int, chunk: int) -> str:
+    return f"p{prompt_index:04d}-c{chunk:04d}"
+
+
+def worker_name() -> str:
+    try:
+        from distributed import get_worker   # absent in the in-process harness's own runs
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):
+        return f"local-{os.getpid()}"
+
+
+def task_record(stage: str, iteration: int, start: float, version: int, **info) -> dict:
+    return {"stage": stage, "iteration": iteration, "worker": worker_name(), "start": start,
+            "end": time.time(), "weights_version": version, **info}
