@@ -19,10 +19,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
-# One test process: with two (pytest-xdist, -n 2 --dist loadfile: 25 min instead of 39) the load
-# brought out timing races in the preemption tests' own choreography in 2 of 2 runs.
+# Two test processes, each taking whole files (module fixtures are made once): most tests wait
+# on worker processes and sockets, not on the CPU, so two share the two cores (25 min against
+# 39 serial). The preemption tests find their victim under the pool's lock and wait for
+# replacements as long as a loaded machine needs.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV) runs reports
