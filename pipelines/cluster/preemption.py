@@ -76,7 +76,9 @@ def reset_notice() -> None:
 
 
 def _handing_back(worker) -> bool:
-    """Whether a task that can hand back (a request) still runs on ``worker``."""
+    """Whether a task that can hand back (a request) still runs on ``worker``. A weight loading
+    has nothing to hand back and cannot stop midway: waiting for it kept noticed workers alive
+    by the dozen under a fast trace, each slowing the others' loading, until no newcomer joined."""
     return any(not str(ts.key).startswith(WARM_UP_KEY) for ts in worker.state.executing)
 
 
@@ -138,11 +140,7 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             # Info: preemption is routine on spot and the driver reports it (not one line each).
             log.info("spot preemption notice (%s): handing requests back, then retiring",
                      notice.source)
-            # Running requests stop at their next step boundary (check_notice) and return. A
-            # weight loading has nothing to hand back and cannot stop midway: it is left behind
-            # (waiting for it kept noticed workers alive by the dozen under a fast trace, each
-            # slowing the others' loading, until no newcomer ever joined).
-            while _handing_back(worker):
+            while _handing_back(worker):   # requests stop at their next step boundary
                 await asyncio.sleep(0.05)
             if worker.status.name in ("closing", "closed", "closing_gracefully", "failed"):
                 return   # the cluster is shutting it down already; nothing left to retire
