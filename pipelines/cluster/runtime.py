@@ -39,15 +39,6 @@ class WorkerRuntime:
                 self._slots[name] = make()
             return self._slots[name]
 
-    def put(self, name: str, value: Any) -> None:
-        """Set slot ``name`` (a test that stages a worker's state by hand)."""
-        with self._lock:
-            self._slots[name] = value
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._slots)
-
     def clear(self) -> None:
         with self._lock:
             self._slots.clear()

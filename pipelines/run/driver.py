@@ -204,8 +204,8 @@ class Driver:
         """The prompt embeddings this iteration's workers read, into the run store first."""
         texts = [p.text for p in prompts] + [p.text for p in self.val_prompts]
         self.result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
-                                 resource=self.on("train"), name="embed"),
-                     f"prompt embeddings of iteration {k}", self.on("train"))
+                                resource=self.on("train"), name="embed"),
+                    f"prompt embeddings of iteration {k}", self.on("train"))
 
     def _rollout_and_reward(self, it: "IterationState") -> None:
         cfg, k = self.config, it.k
@@ -244,8 +244,8 @@ class Driver:
         k = it.k
         self.emit("stage_start", iteration=k, stage="train")
         it.adv = self.result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
-                                           resource=self.on("train"), name="advantages"),
-                              f"iteration {k}'s advantages", self.on("train"))
+                                          resource=self.on("train"), name="advantages"),
+                             f"iteration {k}'s advantages", self.on("train"))
         it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
         if it.spotlight:
@@ -270,8 +270,8 @@ class Driver:
             trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f, request,
                                   resource=self.on("train"), name="train")
         saved = self.result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
-                                         resource=self.on("train"), name="checkpoint"),
-                             f"iteration {k}'s training and checkpoint", self.on("train"))
+                                        resource=self.on("train"), name="checkpoint"),
+                            f"iteration {k}'s training and checkpoint", self.on("train"))
         del trained   # the weights leave the gpu worker's memory with the future
         self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
         it.records += saved["records"]
@@ -341,9 +341,9 @@ class Driver:
     def _validate_now(self, version: int, records: list | None) -> ValidationResult:
         self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
         out = self.result(self.submit(tasks.validation_task, self.config, self.store, version,
-                                        self.val_prompts, version, resource=self.on("train"),
-                                        name="validation"), f"validation of weights {version}",
-                           self.on("train"))
+                                       self.val_prompts, version, resource=self.on("train"),
+                                       name="validation"), f"validation of weights {version}",
+                          self.on("train"))
         self.last_validation = out
         self.first_validation = self.first_validation or out
         if records is not None:

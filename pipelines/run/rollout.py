@@ -56,8 +56,7 @@ class RolloutChunk:
     @property
     def streamed(self) -> StreamedRequest:
         """Where the request's latents stream."""
-        return StreamedRequest(tasks.stage_name(self.iteration, "rollout"), self.name,
-                               self.version, "rollout", self.iteration)
+        return StreamedRequest(self.name, self.version, "rollout", self.iteration)
 
     def inputs(self, run_seed: int) -> tuple[list[str], Any]:
         """The prompt of every sample (groups in order) and the samples' random keys."""

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pipelines.cluster.preemption import HandedBack, StopAtStep, check_notice
-from pipelines.run.records import task_record
+from pipelines.run.records import stage_name, task_record
 from spotlight.config import RunConfig
 from spotlight.models.base import Policy
 from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
@@ -72,14 +72,18 @@ class RolledOut:
 
 @dataclass(frozen=True)
 class StreamedRequest:
-    """Where one request's latents stream: its stage folder (``iter-3/explore``), its name
-    in the stage, the weights version it samples with, and the record's stage kind."""
+    """One request of stage ``kind`` (``explore``, ``rollout``, ...) of ``iteration``: its name
+    in the stage and the weights version it samples with."""
 
-    stage: str
     name: str
     version: int
     kind: str
     iteration: int
+
+    @property
+    def stage(self) -> str:
+        """The stage folder its latents stream to (``iter-3/explore``)."""
+        return stage_name(self.iteration, self.kind)
 
 
 @dataclass

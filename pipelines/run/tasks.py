@@ -32,7 +32,6 @@ from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
 
-__all__ = ["stage_name", "explore_request", "task_record"]   # the names tasks share, re-exported
 
 
 
@@ -262,8 +261,7 @@ def explore_task(config: RunConfig, store: RunStore,
     :class:`ExploreRequest`). One call is one request of fixed batch shape."""
     steps = request.steps or config.exploration.steps or config.sampler.num_steps
     seeds, prompt = np.asarray(request.seeds), request.prompt
-    where = StreamedRequest(stage_name(request.iteration, request.stage), request.name,
-                            request.version, request.stage, request.iteration)
+    where = StreamedRequest(request.name, request.version, request.stage, request.iteration)
 
     def score(run: RequestRun) -> Explored:
         keys = sample_keys(config.seed, [prompt], seeds[None, :])
