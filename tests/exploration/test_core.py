@@ -72,3 +72,23 @@ def test_audit_tau_compares_each_prompts_stale_and_fresh_ranking():
     assert reversed_.kendall_tau == pytest.approx(-1.0)
     tied = audit_tau(stale, [Scored(0, 0, np.array([10, 11]), np.array([0.5, 0.5]))])
     assert tied.kendall_tau is None
+
+
+def test_a_selection_survives_its_stored_record_exactly():
+    """What a resumed run reads back (iter-k/selection/selection.json) is what was chosen:
+    seeds as integers, counts per prompt, and filled seeds' rewards as missing, not zero."""
+    import json
+
+    from spotlight.exploration.selection import Selection
+
+    chosen = selection_of("explore", 0, 4, 2, 3, [([10, 11, 12, 13], [0.5, 0.9, 0.1, 0.6]),
+                                                  ([7], [0.25])])
+    record = json.loads(json.dumps(chosen.to_record()))
+    assert record["selected_rewards"][1][1:] == [None, None]
+    back = Selection.from_record(record)
+    assert back.seeds.dtype == np.int64 and np.array_equal(back.seeds, chosen.seeds)
+    assert back.explored.tolist() == [4, 1] and back.filled.tolist() == [0, 2]
+    np.testing.assert_array_equal(back.selected_rewards, chosen.selected_rewards)   # nan == nan
+    plain = selection_of("random", 0, 4, 2, 2, None)
+    assert plain.explored.tolist() == plain.filled.tolist() == [0, 0]
+    assert plain.explored.dtype.kind == plain.filled.dtype.kind == "i"

@@ -43,6 +43,31 @@ def test_ppo_loss_clips_the_ratio_in_the_direction_of_the_advantage():
     assert same.tolist() == pytest.approx([-1.0, 1.0])
 
 
+def test_ppo_ratio_is_new_over_old_probability_and_its_diagnostics_are_exact():
+    old = torch.log(torch.tensor([0.5, 0.5, 0.2, 0.4]))
+    new = torch.log(torch.tensor([0.55, 0.25, 0.2, 0.6]))   # ratios 1.1, 0.5, 1.0, 1.5
+    adv = torch.tensor([2.0, 1.0, -3.0, -1.0])
+    loss, stats = ppo_clipped_loss(new, old, adv, clip_range=0.2)
+    # Inside the range the ratio acts unclipped (-2 * 1.1); a positive advantage below the
+    # range keeps the smaller ratio (-1 * 0.5: clipping must not raise the objective); a
+    # negative one above it keeps the larger (+1 * 1.5).
+    assert loss.tolist() == pytest.approx([-2.2, -0.5, 3.0, 1.5])
+    assert stats["clip_fraction"] == pytest.approx(0.5)        # 0.5 and 1.5 lie outside 1 +- 0.2
+    log_ratio = (new - old).numpy()
+    assert stats["approx_kl"] == pytest.approx(0.5 * float((log_ratio ** 2).mean()))
+    at_the_edge, edge_stats = ppo_clipped_loss(torch.log(torch.tensor([1.25])), torch.zeros(1),
+                                               torch.tensor([1.0]), clip_range=0.25)
+    assert edge_stats["clip_fraction"] == 0.0   # exactly on the edge is not clipped
+    assert at_the_edge.tolist() == pytest.approx([-1.25])
+
+
+def test_negative_advantages_are_clipped_too_and_the_spread_is_reported():
+    rewards = np.array([[1.0] * 99 + [0.0], [0.0, 1.0] * 50])
+    adv = group_advantages(rewards, clip=2.0)
+    assert adv.values.min() == pytest.approx(-2.0)
+    assert adv.group_std.tolist() == pytest.approx([rewards[0].std(), 0.5])
+
+
 def test_iteration_prompts_cycle_through_the_file_deterministically():
     prompts = [Prompt(text=str(i), task="ocr", target=str(i)) for i in range(5)]
     first_epoch = [p.text for k in range(5) for p in iteration_prompts(prompts, k, 1, run_seed=0)]
@@ -54,6 +79,7 @@ def test_iteration_prompts_cycle_through_the_file_deterministically():
 
 def test_learning_rate_decays_linearly_then_holds():
     assert learning_rate(2e-4, 37, 0, 0.1) == 2e-4                  # no decay configured
+    assert learning_rate(1.0, 1, 1, 0.5) == 0.5                      # decayed in one iteration
     assert learning_rate(2e-4, 0, 50, 0.1) == pytest.approx(2e-4)
     assert learning_rate(2e-4, 25, 50, 0.1) == pytest.approx(1.1e-4)  # halfway to 0.2e-4
     assert learning_rate(2e-4, 50, 50, 0.1) == pytest.approx(0.2e-4)
