@@ -29,7 +29,7 @@ test: $(STAMP)
 mutation: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,mutation]'
 	rm -rf mutants
-	$(BIN)/mutmut run --max-children 2
+	SPOTLIGHT_INVARIANT_SEQUENCES=200 $(BIN)/mutmut run --max-children 2
 	$(BIN)/mutmut results --all true | $(BIN)/python tests/mutation_score.py
 
 clean:

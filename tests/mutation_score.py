@@ -2,8 +2,9 @@
 
 mutmut prints one line per mutant, `    spotlight.rl.grpo.x_clip__mutmut_3: survived`; the
 score of a module is killed / (killed + survived). Mutants mutmut could not judge (timeouts,
-segfaults, "no tests" for lines no selected test reaches) are counted beside it, not in it, so
-an uncovered function shows up as such instead of lowering the score silently.
+segfaults, "no tests" for lines no selected test reaches, "not checked" for a cut-off run) are
+counted beside it, not in it, so an uncovered function shows up as such instead of lowering
+the score silently.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def score(counts: Counter) -> float:
 
 
 def table(by_module: dict[str, Counter]) -> str:
-    rows = ["| module | mutants | caught | survived | not covered | score |", "|---|---|---|---|---|---|"]
+    rows = ["| module | mutants | caught | survived | not covered | not run | score |",
+            "|---|---|---|---|---|---|---|"]
     total: Counter = Counter()
     for module in sorted(by_module):
         counts = by_module[module]
@@ -44,7 +46,7 @@ def table(by_module: dict[str, Counter]) -> str:
 def _row(module: str, counts: Counter) -> str:
     caught = sum(counts[s] for s in CAUGHT)
     return (f"| {module} | {sum(counts.values())} | {caught} | {counts['survived']} | "
-            f"{counts['no tests']} | {score(counts):.1%} |")
+            f"{counts['no tests']} | {counts['not checked']} | {score(counts):.1%} |")
 
 
 if __name__ == "__main__":

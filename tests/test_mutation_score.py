@@ -29,4 +29,4 @@ def test_a_module_with_nothing_judged_has_no_score_and_the_table_totals_all():
     found = tally(["    spotlight.rl.grpo.x_f__mutmut_1: no tests"])
     assert math.isnan(score(found["spotlight.rl.grpo"]))
     lines = table(tally(RESULTS.splitlines())).splitlines()
-    assert lines[-1] == "| **all** | 5 | 3 | 1 | 1 | 75.0% |"
+    assert lines[-1] == "| **all** | 5 | 3 | 1 | 1 | 0 | 75.0% |"

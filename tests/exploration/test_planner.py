@@ -183,3 +183,34 @@ def test_billed_payoff_tries_only_the_settings_no_fitting_one_dominates():
             tight.record(plan, 1.0, selected_std=0.25, random_std=0.2, billed_s=10.0)
     assert tried[True] == {(16, 7), (24, 6)}
     assert tried[False] == {(16, 7), (16, 6), (24, 6)}
+
+
+def test_every_field_of_a_plan_is_what_the_driver_acts_on():
+    """Whole plans, not just N: the driver explores ``prompts`` prompts with N candidates over
+    ``steps`` steps, and the run records the budget, prediction, arm and slots."""
+    from spotlight.exploration.planner import Plan
+
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0, 4],
+                                               budget_fraction=0.5))
+    # Cheapest useful arm by candidates x steps: (16, 4) = 64 sample-steps, not (16, 0) = 160.
+    assert planner.plan(7, 3, 8, 0, [10.0], 0.01, 10) == Plan(
+        7, 0, 10, 0, None, 5.0, None, "no spot slots: exploration skipped, random seeds", 0)
+    assert planner.plan(8, 3, 8, 2, [], None, 10) == Plan(
+        8, 16, 4, 3, None, None, planner.arms.index((16, 4)),
+        "cold start: cheapest setting until time is measured", 2)
+    # 3 prompts x 16 x 4 steps x 0.05 s / 2 slots = 4.8 s against a 10 s x 0.5 budget: it fits.
+    fits = planner.plan(9, 3, 8, 2, [10.0], 0.05, 10)
+    assert (fits.iteration, fits.prompts, fits.budget_s, fits.slots) == (9, 3, 5.0, 2)
+    assert fits.predicted_s == pytest.approx(4.8) and fits.predicted_s <= fits.budget_s
+    # A plan that exactly fills the budget still fits (<=): 3 x 16 x 4 x s / 2 = 5.0 s.
+    exact = planner.plan(10, 3, 8, 2, [10.0], 5.0 * 2 / (3 * 16 * 4), 10)
+    assert (exact.candidates, exact.steps, exact.prompts) == (16, 4, 3)
+
+
+def test_the_sampler_leaves_out_replay_steps_that_would_not_replay_the_rollout():
+    from spotlight.config import SamplerConfig
+
+    all_sde = SamplerConfig(num_steps=10, sde_window_size=0)   # no shorter replay is faithful
+    config = PlannerConfig(candidates=[16], steps=[0, 3, 5, 10])
+    assert {m for _, m in ExplorationPlanner(config, all_sde).arms} == {0, 10}
+    assert {m for _, m in ExplorationPlanner(config).arms} == {0, 3, 5, 10}

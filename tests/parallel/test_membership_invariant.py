@@ -11,6 +11,8 @@ finish, every node must be packed into serving groups.
 """
 from __future__ import annotations
 
+import os
+
 from collections import Counter
 
 import pytest
@@ -25,7 +27,8 @@ from spotlight.parallel.membership import (CopyFailed, CopyWeights, ExecutorJoin
                                            WeightsTrained, pack)
 
 NODES = ("n0", "n1")
-SEQUENCES = 2000          # event sequences per run of the test
+# Event sequences per run of the test; `make mutation` runs it once per mutant and sets fewer.
+SEQUENCES = int(os.environ.get("SPOTLIGHT_INVARIANT_SEQUENCES", "2000"))
 STEPS = 40                # events per sequence, at most
 READY, LOADING = ExecutorState.READY, ExecutorState.LOADING
 
