@@ -69,6 +69,11 @@ class StorageConfig:
     read_timeout_s: float = 30.0
     """S3 read timeout of one attempt."""
 
+    lease_ttl_s: float = 30.0
+    """How long a driver's lease on the run outlives its last renewal (renewed every third of
+    it). A second driver is refused while the lease lives; after a crash, ``--takeover`` takes
+    it once it has expired."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.strip():
             raise ValueError("StorageConfig.url must be a non-empty string such as 'runs/my-run', "
@@ -96,6 +101,7 @@ class StorageConfig:
         _check_float("max_backoff_s", self.max_backoff_s, 0.0, 3600.0)
         _check_float("connect_timeout_s", self.connect_timeout_s, 0.01, 600.0)
         _check_float("read_timeout_s", self.read_timeout_s, 0.01, 3600.0)
+        _check_float("lease_ttl_s", self.lease_ttl_s, 0.1, 86400.0)
         if self.max_backoff_s < self.backoff_s:
             raise ValueError(f"StorageConfig.max_backoff_s = {self.max_backoff_s} must be >= "
                              f"backoff_s = {self.backoff_s}")

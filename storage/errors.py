@@ -14,16 +14,30 @@ class StoragePermanentError(StorageError):
     """The storage refused for a reason retrying cannot fix: read-only, full, no permission."""
 
 
-class CorruptObjectError(StorageError):
-    """A stored object failed its integrity check (sha256, crc32c, missing chunk, bad JSON)."""
+class ObjectError(StorageError):
+    """An error about one stored object: its URL and the reason, in ``template``."""
+
+    template = "{url}: {reason}"
 
     def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"corrupt object {url}: {reason}")
+        super().__init__(self.template.format(url=url, reason=reason))
         self.url = url
         self.reason = reason
 
     def __reduce__(self) -> tuple:   # raised in worker tasks: it travels back to the driver
-        return (CorruptObjectError, (self.url, self.reason))
+        return (type(self), (self.url, self.reason))
+
+
+class CorruptObjectError(ObjectError):
+    """A stored object failed its integrity check (sha256, crc32c, missing chunk, bad JSON)."""
+
+    template = "corrupt object {url}: {reason}"
+
+
+class WriteConflict(ObjectError):
+    """A conditional write lost: the object exists (create) or changed (replace)."""
+
+    template = "conditional write of {url} refused: {reason}"
 
 
 class NotCommittedError(StorageError):
@@ -38,3 +52,8 @@ class StreamOvertakenError(StorageError):
 
 class SinkClosedError(StorageError):
     """A latent sink was used after close()."""
+
+
+class DriverFenced(StorageError):
+    """This driver lost the run's lease to another driver (a takeover); the store refuses its
+    run-state writes from then on."""

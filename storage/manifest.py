@@ -7,9 +7,16 @@ object (a single PUT on S3, write-and-rename on a local disk), so a reader sees 
 new manifest, never a mix. One process -- the driver -- writes it; workers only read it (a
 worker writes a checkpoint's files and returns its record; the driver commits the record).
 
-The writer's manifest keeps what it last read or wrote (``cache=True``): as the only writer it
-knows the object's content, so checking a stage or recording one costs no read -- on S3 that
-was dozens of GETs an iteration. Readers always read afresh.
+Every update is a compare-and-swap (``storage.conditional``): it names the version it read, and
+a writer that lost the race re-reads and applies its change again, so no update is lost even
+if two processes write. A driver holding the run's lease sets ``epoch`` and ``guard``: every
+update first checks that the lease is still its own, its writes stamp ``writer_epoch``, and
+once a manifest carries a newer epoch every update of an older driver is refused with
+DriverFenced.
+
+The writer's manifest keeps what it last read or wrote (``cache=True``): checking a stage or
+recording one costs no read -- on S3 that was dozens of GETs an iteration; a stale copy is
+found out by the compare-and-swap. Readers always read afresh.
 """
 from __future__ import annotations
 
@@ -18,9 +25,11 @@ import json
 import re
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
-from .errors import CorruptObjectError
+from .conditional import WriteConflict, create_exclusive, read_versioned, replace_if
+from .errors import CorruptObjectError, DriverFenced, StorageError
 from .retry import contains_secret
 from .urls import RunLocation
 
@@ -32,6 +41,7 @@ _STAGE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ITER_PART = re.compile(r"^iter-(\d+)$")
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
+_CAS_TRIES = 20   # writers racing on one manifest: each loser re-reads and tries again
 
 
 def iteration_dir(iteration: int) -> str:
@@ -86,7 +96,11 @@ class Manifest:
         self.url = location.child_url(MANIFEST)
         self.cache = cache
         self.reads = 0                       # objects fetched from storage (for benchmarks)
+        self.epoch: int | None = None        # the lease epoch of this writer (None: no lease)
+        self.guard: Callable[[], None] | None = None   # raises if this writer lost its lease
         self._known: dict | None = None      # the writer's copy (cache=True)
+        self._version: str | None = None     # the stored version _known was read or written as
+        self._writer = uuid.uuid4().hex      # makes each write's bytes this writer's own
         with _LOCKS_GUARD:
             self._lock = _LOCKS.setdefault(self.url, threading.Lock())
 
@@ -99,14 +113,17 @@ class Manifest:
         call; the writer (``cache=True``) reads once and then knows it."""
         if self.cache and self._known is not None:
             return copy.deepcopy(self._known)
-        manifest = self._fetch()
+        manifest, version = self._fetch_versioned()
         if self.cache:
-            self._known = copy.deepcopy(manifest)
+            self._known, self._version = copy.deepcopy(manifest), version
         return manifest
 
-    def _fetch(self) -> dict:
+    def _fetch_versioned(self) -> tuple[dict, str]:
         self.reads += 1
-        data = self.location.read_bytes(MANIFEST, small=True)
+        seen = read_versioned(self.location, MANIFEST)
+        return self._parse(seen.data), seen.version
+
+    def _parse(self, data: bytes) -> dict:
         try:
             manifest = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -125,20 +142,64 @@ class Manifest:
         with self._lock:
             if self.exists():
                 return self.read()
-            manifest = empty_manifest()
-            self._write(manifest)
-            return manifest
+            try:
+                return self._swap(None, empty_manifest())
+            except WriteConflict:   # another process created it first: theirs stands
+                return self.read()
 
     def update(self, change: Callable[[dict], Any]) -> dict:
-        """Apply ``change`` to a fresh copy of the manifest and write it back as one object."""
+        """Apply ``change`` to the current manifest and write it back as one object, only if
+        no other writer changed it in between (else re-read and apply ``change`` again)."""
         with self._lock:
-            manifest = self.read() if self.exists() else empty_manifest()
-            new = copy.deepcopy(manifest)
-            change(new)
-            self._write(new)
-            return new
+            for _ in range(_CAS_TRIES):
+                if self.guard is not None:
+                    self.guard()
+                manifest, version = self._for_update()
+                self._refuse_if_fenced(manifest)
+                new = copy.deepcopy(manifest)
+                change(new)
+                try:
+                    return self._swap(version, new)
+                except WriteConflict:
+                    self._known = self._version = None   # someone else wrote: read afresh
+            raise StorageError(f"{self.url}: {_CAS_TRIES} writers kept changing the manifest "
+                               "while this one updated it; only one driver may run a store")
 
-    def _write(self, manifest: dict) -> None:
+    def _for_update(self) -> tuple[dict, str | None]:
+        if self.cache and self._known is not None and self._version is not None:
+            return copy.deepcopy(self._known), self._version
+        try:
+            manifest, version = self._fetch_versioned()
+        except FileNotFoundError:
+            return empty_manifest(), None
+        if self.cache:
+            self._known, self._version = copy.deepcopy(manifest), version
+        return manifest, version
+
+    def _refuse_if_fenced(self, manifest: dict) -> None:
+        newest = manifest.get("writer_epoch", 0)
+        if self.epoch is not None and newest > self.epoch:
+            raise DriverFenced(f"{self.url}: the manifest was last written by the driver of "
+                               f"epoch {newest}, after this driver's epoch {self.epoch}: another "
+                               "driver took the run over; this driver's writes are refused")
+
+    def _swap(self, version: str | None, manifest: dict) -> dict:
+        """Write ``manifest`` over ``version`` (None: create); WriteConflict if it moved."""
+        if self.epoch is not None:
+            manifest["writer_epoch"] = max(self.epoch, manifest.get("writer_epoch", 0))
+        manifest["revision"] = manifest.get("revision", 0) + 1
+        manifest["written_by"] = self._writer
+        data = self._encode(manifest)
+        self._known = self._version = None   # a failed write leaves the stored object unknown
+        if version is None:
+            new_version = create_exclusive(self.location, data, MANIFEST)
+        else:
+            new_version = replace_if(self.location, data, version, MANIFEST)
+        if self.cache:
+            self._known, self._version = copy.deepcopy(manifest), new_version
+        return manifest
+
+    def _encode(self, manifest: dict) -> bytes:
         try:
             text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -148,10 +209,7 @@ class Manifest:
         if leaked:
             raise ValueError(f"refusing to write a credential ({leaked}) into {self.url}; "
                              "pass StorageConfig.public_dict(), not the config itself")
-        self._known = None   # a failed write leaves the stored object unknown
-        self.location.write_bytes(text.encode("utf-8"), MANIFEST)
-        if self.cache:
-            self._known = copy.deepcopy(manifest)
+        return text.encode("utf-8")
 
     # -- run info -----------------------------------------------------------------------------
     def set_run_info(self, **info: Any) -> dict:

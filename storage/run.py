@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import StorageConfig
+from .driver_lease import DriverLease
 from .errors import NotCommittedError
 from .latents import LatentStreams, ResumePoint
 from .manifest import Manifest, stage_key
@@ -30,6 +31,19 @@ class RunStore:
         self.rewards = RewardTable(location)
         self.checkpoints = CheckpointStore(location, self.manifest)
         self.prompts = PromptEmbeddings(location)
+        self.lease: DriverLease | None = None
+
+    def hold(self, lease: DriverLease) -> None:
+        """Write as the holder of ``lease`` from now on: the manifest stamps and checks its
+        epoch, and every run-state write first checks that the lease is still ours, so after
+        another driver's takeover this store refuses to write (DriverFenced)."""
+        self.lease = lease
+        self.manifest.epoch = lease.epoch
+        self.manifest.guard = lease.verify   # a manifest update checks the lease first, too
+
+    def _guard(self) -> None:
+        if self.lease is not None:
+            self.lease.verify()
 
     @classmethod
     def open(cls, target: str | StorageConfig | None = None, *, create: bool = True,
@@ -129,6 +143,7 @@ class RunStore:
 
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
+        self._guard()
         self.location.write_bytes(buffer.getvalue(), stage_key(stage), f"{name}.npz")
 
     def get_arrays(self, stage: str, name: str) -> dict:
@@ -149,6 +164,7 @@ class RunStore:
         """Write a JSON document of a stage (task timelines, explored candidates)."""
         import json
 
+        self._guard()
         self.location.write_bytes(json.dumps(obj).encode(), stage_key(stage), f"{name}.json")
 
     def get_json(self, stage: str, name: str) -> Any:
@@ -162,6 +178,7 @@ class RunStore:
 
     # -- rewards ------------------------------------------------------------------------------
     def append_rewards(self, iteration: int, columns: Mapping[str, Any]) -> Any:
+        self._guard()
         return self.rewards.append(iteration, columns)
 
     def open_rewards(self) -> Any:
@@ -181,6 +198,7 @@ class RunStore:
             raise FileExistsError(f"{self.location.child_url(EVENTS, name)} exists; event "
                                   "batches are never overwritten -- pick a new batch name")
         lines = "".join(json.dumps(dict(e), default=str) + "\n" for e in events)
+        self._guard()
         self.location.write_bytes(lines.encode(), EVENTS, name)
 
     def read_events(self) -> list[dict]:
@@ -197,11 +215,13 @@ class RunStore:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, iteration: int, weights: Mapping[str, Any],
                         optimizer_state: Any = None, **kwargs: Any) -> dict:
+        self._guard()
         return self.checkpoints.save(iteration, weights, optimizer_state, **kwargs)
 
     def write_checkpoint(self, iteration: int, weights: Mapping[str, Any],
                          optimizer_state: Any = None, **kwargs: Any) -> dict:
         """A checkpoint's files, uncommitted; its record goes to :meth:`commit_checkpoint`."""
+        self._guard()
         return self.checkpoints.write(iteration, weights, optimizer_state, **kwargs)
 
     def commit_checkpoint(self, record: dict) -> dict:

@@ -2,7 +2,8 @@
 
 Every failure ends in one line on stderr and an exit code per class: 1 internal error (a bug;
 --debug shows the traceback), 2 configuration or usage, 3 storage, 4 cluster, 5 a task failed
-on a worker, 130 interrupted (Ctrl-C; the run store stays resumable)."""
+on a worker, 6 fenced (another driver took the run over), 130 interrupted (Ctrl-C; the run
+store stays resumable)."""
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                              f"{', '.join(given)} would change it. Start a new run instead "
                              "(without --resume), or leave those options out; --iterations "
                              "and --scheduler are allowed with --resume")
-        session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress)
+        session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress,
+                                 takeover=args.takeover or args.force, force=args.force)
     else:
+        if args.takeover or args.force:
+            raise UsageError("--takeover and --force take over a stored run: use them with "
+                             "--resume RUN_URL")
         overrides = dict(parse_override(item) for item in (args.set or []))
         if args.scheduler:
             overrides["cluster.scheduler"] = args.scheduler
@@ -253,6 +258,13 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                         "exactly as stored: only --iterations (extend or shorten it) and "
                         "--scheduler (another cluster) may go with it; --config, --set, --mode, "
                         "--store and --preempt-* are refused")
+    p.add_argument("--takeover", action="store_true",
+                   help="with --resume: take the run's lease from a driver that is gone (its "
+                        "lease expired unreleased: a crash or a cut-off host); that driver's "
+                        "writes are refused from then on")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume --takeover: take the lease even while it is live (the "
+                        "other driver still renews it); it stops at its next write")
     p.add_argument("--mode", choices=MODE_NAMES, default=None,
                    help="spotlight (stale exploration on spot), sync, vanilla, or rlboost "
                         "(rollouts on gpu and spot, no exploration) (default: config)")
@@ -362,7 +374,7 @@ class UsageError(ValueError):
 
 # One exit code per class of failure (README: Exit codes).
 EXIT_OK, EXIT_INTERNAL, EXIT_CONFIG, EXIT_STORAGE, EXIT_CLUSTER, EXIT_TASK = 0, 1, 2, 3, 4, 5
-EXIT_INTERRUPTED = 130
+EXIT_FENCED, EXIT_INTERRUPTED = 6, 130
 RUNNING: dict = {}   # the run this process works on, for the resume hint
 
 
@@ -370,7 +382,10 @@ def _classify(err: BaseException) -> tuple[int, str]:
     """The exit code and the one line a user reads for ``err``."""
     from pipelines.cluster import ClusterError, RunInterrupted, TaskFailedError
     from storage import StorageError
+    from storage.errors import DriverFenced
 
+    if isinstance(err, DriverFenced):
+        return EXIT_FENCED, f"fenced: {err}"
     if isinstance(err, (KeyboardInterrupt, RunInterrupted)):
         return EXIT_INTERRUPTED, "interrupted"
     if isinstance(err, StorageError):

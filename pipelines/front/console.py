@@ -60,6 +60,15 @@ def preemption_line(kind: str, info: dict) -> str | None:
     return None
 
 
+def lease_line(info: dict) -> str:
+    """``lease: epoch 2 (took over from host a pid 11, epoch 1)`` for a driver's lease event."""
+    taken = info.get("took_over_from")
+    if not taken:
+        return f"lease: epoch {info['epoch']}"
+    return (f"lease: epoch {info['epoch']} (took over from host {taken['host']} pid "
+            f"{taken['pid']}, epoch {taken['epoch']})")
+
+
 class ConsoleProgress:
     """An ``on_event`` callback for :class:`pipelines.front.session.Session` that draws with tqdm."""
 
@@ -80,6 +89,9 @@ class ConsoleProgress:
             if line:
                 self._close()
                 print(line, file=self.stream, flush=True)
+        elif kind == "lease":
+            self._close()
+            print(lease_line(info), file=self.stream, flush=True)
         elif kind == "iteration_done":
             self._close()
             print(iteration_line(info["result"]), flush=True)

@@ -31,6 +31,7 @@ from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
 from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
+from storage.driver_lease import DriverLease
 
 CODE_VERSION = "spotlight-pipeline-1"
 
@@ -44,14 +45,18 @@ class Session:
     """A run bound to a cluster and a run store. Use as a context manager or call ``close()``."""
 
     def __init__(self, config: RunConfig, store: RunStore, cluster: ClusterHandle, mode: str,
-                 *, on_event: EventFn | None = None, progress: bool = False) -> None:
+                 *, on_event: EventFn | None = None, progress: bool = False,
+                 lease: DriverLease | None = None) -> None:
         self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
+        self.lease = lease
         self.train_prompts = world_prompts(config, "train")
         self.val_prompts = world_prompts(config, "val")
         # Spot workers hear preemption notices (SIGTERM, file, cloud metadata) and hand back.
         cluster.client.register_plugin(preemption_watch(config.preemption))
         self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,
                              on_event=on_event)
+        if self.lease is not None:
+            self.driver.emit("lease", **self.lease.event())
         self.injector: PreemptionInjector | None = None
         if config.injector.trace or config.injector.poisson_rate_per_hour > 0:
             self.injector = PreemptionInjector(
@@ -61,6 +66,8 @@ class Session:
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
         self.warm_up_futures = self.driver.warm_up()   # workers load weights while the driver plans
+        if lease is not None:   # renewed in the background; after a takeover this run stops
+            lease.start_renewing(on_lost=lambda _: self.stop())
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
@@ -90,18 +97,22 @@ class Session:
             if not isinstance(err, ClusterError):   # its Dask log says why the cluster failed
                 log.forget()
             raise
-        run_store = None
+        run_store = lease = None
         try:
             base = base_policy(config, progress=progress)   # digits: pretrained, cached
             build_reward(config.reward)            # warm the recogniser cache once, here
             run_store = url if isinstance(url, RunStore) else RunStore.open(url, writer=True)
+            lease = take_lease(run_store)
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)
             if run_store.latest_checkpoint() is None:
                 run_store.save_checkpoint(0, base.state_dict(), None, metadata={"base": True})
-            return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress)
+            return cls(config, run_store, cluster, mode, on_event=on_event, progress=progress,
+                       lease=lease)
         except BaseException:
             cluster.close()
+            if lease is not None:
+                lease.release()
             if run_store is None:
                 log.forget()
             raise
@@ -109,14 +120,28 @@ class Session:
     @classmethod
     def resume(cls, run_url: str | RunStore, client: Any = None, *, scheduler: str | None = None,
                connect_timeout_s: float | None = None, on_event: EventFn | None = None,
-               **store_options: Any) -> "Session":
+               takeover: bool = False, force: bool = False, **store_options: Any) -> "Session":
         """Reopen a run from its store and continue after its last completed stage.
 
-        ``scheduler`` resumes on another cluster than the one recorded; nothing is written to
-        the store before the cluster answers.
+        ``scheduler`` resumes on another cluster than the one recorded; nothing but the lease
+        is written to the store before the cluster answers. The run's lease comes first: while
+        another driver holds it this raises ``LeaseHeld`` at once; ``takeover`` takes an
+        expired lease (its driver crashed or is cut off), ``force`` a live one too, and the
+        other driver's writes are refused from then on.
         """
         store = run_url if isinstance(run_url, RunStore) else RunStore.open(
             run_url, create=False, writer=True, **store_options)
+        lease = take_lease(store, takeover=takeover, force=force)
+        try:
+            return cls._resumed(store, client, scheduler, connect_timeout_s, on_event, lease)
+        except BaseException:
+            lease.release()
+            raise
+
+    @classmethod
+    def _resumed(cls, store: RunStore, client: Any, scheduler: str | None,
+                 connect_timeout_s: float | None, on_event: EventFn | None,
+                 lease: DriverLease) -> "Session":
         info = store.manifest.read().get("run", {})
         if "config" not in info:
             raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")
@@ -129,7 +154,7 @@ class Session:
         config = config.with_values(changes)
         cluster, mode = _cluster_for(config, client, run_log_file(store.url).path)
         try:
-            return cls(config, store, cluster, mode, on_event=on_event)
+            return cls(config, store, cluster, mode, on_event=on_event, lease=lease)
         except BaseException:
             cluster.close()
             raise
@@ -181,6 +206,10 @@ class Session:
                 f.result()
         except KeyboardInterrupt:
             self.stop()
+            raise
+        except Exception as err:
+            if self.lease is not None and self.lease.lost is not None:
+                raise self.lease.lost from err   # stopped because another driver took over
             raise
         return self.history
 
@@ -256,9 +285,12 @@ class Session:
         self.stop()
         try:
             self._executor.shutdown(wait=True)   # the running iteration stops at its next wait
-            self.driver.flush_events("close")    # what happened after the last iteration
+            if self.lease is None or self.lease.lost is None:
+                self.driver.flush_events("close")   # what happened after the last iteration
         finally:
             self.cluster.close()
+            if self.lease is not None:
+                self.lease.release()
 
     def __enter__(self) -> "Session":
         return self
@@ -278,6 +310,15 @@ def mode_values(config: RunConfig, mode: str) -> dict:
             "spot" not in config.placement.rollout:
         changes["placement.rollout"] = [*config.placement.rollout, "spot"]
     return changes
+
+
+def take_lease(store: RunStore, *, takeover: bool = False, force: bool = False) -> DriverLease:
+    """This driver's lease on ``store``, held by the store from now on (its writes are fenced
+    if another driver takes over); LeaseHeld while another driver holds it."""
+    lease = DriverLease.acquire(store.location, ttl_s=store.config.lease_ttl_s,
+                                takeover=takeover, force=force)
+    store.hold(lease)
+    return lease
 
 
 def _refuse_existing_run(url: str | RunStore) -> None:

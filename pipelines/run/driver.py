@@ -49,7 +49,7 @@ EventFn = Callable[[str, dict], None]
 # What goes into the run store's event log (``RunStore.read_events``): what an operator audits
 # after a night on spot capacity. Stage progress and per-iteration results have their own records.
 RECORDED_EVENTS = frozenset({"dispatch", "preemptions", "injector", "fidelity", "request",
-                             "sp_rollout"})
+                             "sp_rollout", "lease"})
 
 
 class Driver:

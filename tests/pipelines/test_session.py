@@ -176,8 +176,15 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     finally:
         os.killpg(proc.pid, signal.SIGKILL)   # the driver and every worker process it started
         proc.wait()
-    done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed)), capture_output=True,
-                          text=True, timeout=500)
+    # The killed driver's lease is still live: a plain resume is refused at once, naming it;
+    # the user who killed it takes over.
+    refused = subprocess.run(_spotlight_cmd("run", "--resume", str(killed)), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert f"(pid {proc.pid}," in refused.stderr and "--takeover --force" in refused.stderr
+    assert "run:" not in refused.stdout   # it stopped before starting a cluster
+    done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed), "--takeover", "--force"),
+                          capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resuming" in done.stdout and "within its first iteration" in done.stdout
 

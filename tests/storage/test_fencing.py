@@ -1,0 +1,115 @@
+"""Two drivers on one store: no lost manifest update, and a taken-over driver writes nothing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storage import RunStore
+from storage.driver_lease import DriverLease
+from storage.errors import DriverFenced
+from storage.lease import Holder, LeaseHeld
+
+A = Holder(host="driver-a", pid=11, started="2026-11-27T10:00:00Z", token="a" * 8)
+B = Holder(host="driver-b", pid=22, started="2026-11-27T10:05:00Z", token="b" * 8)
+
+
+def test_a_writer_with_a_stale_copy_loses_no_update(store_config):
+    first = RunStore.open(store_config, writer=True)
+    second = RunStore.open(store_config, writer=True)
+    first.mark_stage_done("iter-0/rollout")
+    second.mark_stage_done("iter-0/explore")        # its cached copy has never seen rollout
+    first.mark_stage_done("iter-0/reward")          # nor has first's seen explore
+    reader = RunStore.open(store_config, create=False)
+    assert set(reader.manifest.stages()) == {"iter-000000/rollout", "iter-000000/explore",
+                                             "iter-000000/reward"}
+
+
+def test_a_second_driver_is_refused_while_the_first_holds_the_lease(store_config):
+    store = RunStore.open(store_config, writer=True)
+    DriverLease.acquire(store.location, ttl_s=60, holder=A)
+    with pytest.raises(LeaseHeld, match=r"host driver-a \(pid 11.*expires in \d+ s"):
+        DriverLease.acquire(store.location, ttl_s=60, holder=B)
+
+
+def test_after_a_takeover_every_write_of_the_old_driver_is_refused(store_config):
+    old = RunStore.open(store_config, writer=True)
+    old_lease = DriverLease.acquire(old.location, ttl_s=60, holder=A)
+    old.hold(old_lease)
+    old.mark_stage_done("iter-0/rollout", {"by": "old"})
+    old.put_json("iter-0/rollout", "tasks", {"by": "old"})
+
+    new = RunStore.open(store_config, create=False, writer=True)
+    new_lease = DriverLease.acquire(new.location, ttl_s=60, holder=B, force=True)
+    new.hold(new_lease)
+    assert new_lease.epoch == old_lease.epoch + 1
+    new.mark_stage_done("iter-0/explore", {"by": "new"})
+
+    with pytest.raises(DriverFenced, match=r"driver-b.*took it over at epoch 2"):
+        old.mark_stage_done("iter-0/reward", {"by": "old"})
+    refused = {
+        "arrays": lambda: old.put_arrays("iter-0/rollout", "seeds", {"s": np.arange(3)}),
+        "json": lambda: old.put_json("iter-0/rollout", "tasks", {"by": "old, late"}),
+        "rewards": lambda: old.append_rewards(0, {"reward": np.zeros(2)}),
+        "events": lambda: old.write_events("late", [{"kind": "x", "at": 1.0}]),
+        "checkpoint": lambda: old.save_checkpoint(1, {"w": np.zeros(2, np.float32)}),
+    }
+    for what, write in refused.items():
+        with pytest.raises(DriverFenced, match="driver-b.*took it over at epoch 2"):
+            write()
+    with pytest.raises(DriverFenced):
+        old_lease.renew()
+
+    after = RunStore.open(store_config, create=False)
+    assert set(after.manifest.stages()) == {"iter-000000/rollout", "iter-000000/explore"}
+    assert after.get_json("iter-0/rollout", "tasks") == {"by": "old"}
+    assert after.latest_checkpoint() is None
+    assert after.read_events() == []
+
+
+def test_a_released_lease_lets_the_next_driver_in_without_takeover(store_config):
+    store = RunStore.open(store_config, writer=True)
+    first = DriverLease.acquire(store.location, ttl_s=60, holder=A)
+    first.release()
+    second = DriverLease.acquire(store.location, ttl_s=60, holder=B)
+    assert second.epoch == 2
+
+
+def test_the_renewing_driver_hears_of_a_takeover_and_stops_renewing(store_config):
+    import threading
+
+    store = RunStore.open(store_config, writer=True)
+    heard = threading.Event()
+    old = DriverLease.acquire(store.location, ttl_s=0.6, holder=A)
+    old.start_renewing(on_lost=lambda err: heard.set())
+    DriverLease.acquire(store.location, ttl_s=60, holder=B, force=True)
+    assert heard.wait(timeout=60), "the old driver never noticed the takeover"
+    with pytest.raises(DriverFenced, match="driver-b"):
+        old.check()
+    old.release()   # a fenced driver's release leaves the new holder's lease alone
+    with pytest.raises(LeaseHeld, match="driver-b"):
+        DriverLease.acquire(store.location, ttl_s=60, holder=A)
+
+
+def test_taking_the_lease_alone_fences_the_old_drivers_manifest_updates(store_config):
+    old = RunStore.open(store_config, writer=True)
+    old.hold(DriverLease.acquire(old.location, ttl_s=60, holder=A))
+    old.mark_stage_done("iter-0/rollout")
+    new = RunStore.open(store_config, create=False, writer=True)
+    new.hold(DriverLease.acquire(new.location, ttl_s=60, holder=B, force=True))   # nothing else
+    with pytest.raises(DriverFenced, match="epoch 2"):
+        old.mark_stage_done("iter-0/reward")
+    assert set(RunStore.open(store_config, create=False).manifest.stages()) == {
+        "iter-000000/rollout"}
+
+
+def test_a_manifest_stamped_by_a_newer_epoch_refuses_an_older_writer(store_config):
+    """The second line of defence, should the lease check be passed just before a takeover:
+    the compare-and-swap re-reads a manifest the newer driver wrote, and refuses."""
+    old = RunStore.open(store_config, writer=True)
+    old.manifest.epoch = 1
+    old.mark_stage_done("iter-0/rollout")
+    new = RunStore.open(store_config, create=False, writer=True)
+    new.manifest.epoch = 2
+    new.mark_stage_done("iter-0/explore")
+    with pytest.raises(DriverFenced, match=r"epoch 2, after this driver's epoch 1"):
+        old.mark_stage_done("iter-0/reward")
