@@ -64,10 +64,27 @@ class MotoS3:
         return {"endpoint_url": self.endpoint, "key": TEST_KEY, "secret": TEST_SECRET}
 
 
-def _start_moto() -> MotoS3:
+def _serial_moto_server():
+    """moto's server answering one request at a time (pipelines.bench.serial_s3 says why: its
+    conditional writes are then atomic, as S3's are), stoppable like ThreadedMotoServer."""
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    from pipelines.bench.serial_s3 import serial_server
+
+    class SerialMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            self._server = serial_server(self._ip_address, self._port)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return SerialMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+
+
+def _start_moto(serial: bool = False) -> MotoS3:
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = (_serial_moto_server() if serial
+              else ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False))
     server.start()
     _, port = server.get_host_and_port()
     return MotoS3(port=port, server=server)
@@ -94,6 +111,14 @@ def moto_s3() -> Iterator[MotoS3]:
     s3.stop()
 
 
+@pytest.fixture(scope="session")
+def serial_moto_s3() -> Iterator[MotoS3]:
+    """An S3 server whose conditional writes are atomic, as S3's are (for racing writers)."""
+    s3 = _start_moto(serial=True)
+    yield s3
+    s3.stop()
+
+
 @pytest.fixture
 def own_moto_s3() -> Iterator[MotoS3]:
     """A private S3 server a test may stop and restart (fault tests)."""
@@ -105,12 +130,24 @@ def own_moto_s3() -> Iterator[MotoS3]:
         pass
 
 
-@pytest.fixture(params=["memory", "file", "s3"])
-def store_config(request: pytest.FixtureRequest, tmp_path) -> StorageConfig:
-    """A fresh run location on each backend."""
+def backend_config(request: pytest.FixtureRequest, tmp_path, s3_fixture: str = "moto_s3"
+                   ) -> StorageConfig:
+    """A fresh run location on the backend ``request.param`` names."""
     name = uuid.uuid4().hex[:12]
     if request.param == "memory":
         return StorageConfig(url=f"memory://spotlight-tests/{name}", retries=1, backoff_s=0.01)
     if request.param == "file":
         return StorageConfig(url=f"file://{tmp_path}/run-{name}", retries=1, backoff_s=0.01)
-    return request.getfixturevalue("moto_s3").config()
+    return request.getfixturevalue(s3_fixture).config()
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def store_config(request: pytest.FixtureRequest, tmp_path) -> StorageConfig:
+    """A fresh run location on each backend."""
+    return backend_config(request, tmp_path)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def racing_config(request: pytest.FixtureRequest, tmp_path) -> StorageConfig:
+    """A run location for racing writers; on S3 a server that decides conditions atomically."""
+    return backend_config(request, tmp_path, s3_fixture="serial_moto_s3")

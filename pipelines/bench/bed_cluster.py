@@ -1,0 +1,134 @@
+"""A Spotlight cluster spread over a test bed's hosts, the way users run one on VMs.
+
+Hosts: ``scheduler`` (a stock ``dask scheduler``, TLS only), ``store`` (an S3 server),
+``gpu-N`` / ``spot-N`` (stock ``dask worker`` processes with ``--resources``), and ``driver``
+(where ``spotlight run`` runs). Certificates are made at start; every process gets the same
+S3 endpoint and test credentials through the standard AWS variables.
+
+    with Testbed() as bed:
+        cluster = start_bed_cluster(bed, tmp_path)
+        proc = cluster.spotlight("run", "--config", path, "--iterations", "1")
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage import StorageConfig
+from storage.urls import check_reachable, open_location
+
+from .pki import Pki, make_pki
+from .testbed import Host, Testbed, TestbedError
+
+SCHEDULER_PORT, S3_PORT = 8786, 9000
+BUCKET = "spotlight-bed"
+_KEY, _SECRET = "AKIASPOTLIGHTBEDKEY0", "spotlight-bed-secret-not-a-real-one-0123"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class BedCluster:
+    bed: Testbed
+    pki: Pki
+    folder: Path
+    workers: dict[str, Host] = field(default_factory=dict)
+
+    @property
+    def scheduler(self) -> str:
+        return f"tls://{self.bed.hosts['scheduler'].ip}:{SCHEDULER_PORT}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{self.bed.hosts['store'].ip}:{S3_PORT}"
+
+    def store_url(self, name: str) -> str:
+        return f"s3://{BUCKET}/{name}"
+
+    def env(self) -> dict[str, str]:
+        """What every process of the cluster (and a reader in the root namespace) needs."""
+        return dict(os.environ, AWS_ENDPOINT_URL=self.s3_endpoint, AWS_ACCESS_KEY_ID=_KEY,
+                    AWS_SECRET_ACCESS_KEY=_SECRET, AWS_REGION="us-east-1",
+                    AWS_EC2_METADATA_DISABLED="true",
+                    AWS_REQUEST_CHECKSUM_CALCULATION="WHEN_REQUIRED",
+                    AWS_RESPONSE_CHECKSUM_VALIDATION="WHEN_REQUIRED",
+                    PYTHONPATH=str(_REPO), OMP_NUM_THREADS="1", NO_PROXY="*")
+
+    def add_worker(self, cls: str, index: int) -> Host:
+        """Start a stock ``dask worker`` of class ``cls`` on its own host; returns the host."""
+        name = f"{cls}-{index}"
+        host = self.bed.host(name)
+        log = open(self.folder / f"{name}.log", "wb")
+        host.popen([sys.executable, "-m", "distributed.cli.dask_worker", self.scheduler,
+                    "--name", name, "--nthreads", "1", "--resources", f"{cls}=1",
+                    "--host", host.ip, "--no-dashboard", "--memory-limit", "0",
+                    *self.pki.dask_args()], env=self.env(), cwd=self.folder, stdout=log,
+                   stderr=subprocess.STDOUT)
+        self.workers[name] = host
+        return host
+
+    def wait_for_workers(self, names: list[str], limit_s: float = 180.0) -> None:
+        from distributed import Client
+        from distributed.security import Security
+
+        security = Security(tls_ca_file=self.pki.ca_file, tls_client_cert=self.pki.client_cert,
+                            tls_client_key=self.pki.client_key, require_encryption=True)
+        deadline = time.monotonic() + limit_s
+        with Client(self.scheduler, security=security, timeout=limit_s) as client:
+            while True:
+                joined = {w.get("name") for w in
+                          client.scheduler_info(n_workers=-1)["workers"].values()}
+                if set(names) <= joined:
+                    return
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"workers {sorted(set(names) - joined)} never joined "
+                                       f"{self.scheduler}; see {self.folder}/*.log")
+                time.sleep(0.3)
+
+    def spotlight(self, *args: str, host: str = "driver", **kwargs) -> subprocess.Popen:
+        """``spotlight ARGS`` on ``host`` (default: the driver's), with the cluster's TLS."""
+        tls = [f"{k}={v}" for k, v in self.pki.run_settings().items()]
+        extra = [] if "--resume" in args else [a for kv in tls for a in ("--set", kv)]
+        argv = [sys.executable, "-c", "import sys; from spotlight import main; "
+                "sys.exit(main(sys.argv[1:]))", *args, *extra]
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        return self.bed.host(host).popen(argv, env=self.env(), cwd=self.folder, text=True,
+                                         **kwargs)
+
+
+def start_bed_cluster(bed: Testbed, folder: str | Path, gpu: int = 1, spot: int = 1) -> BedCluster:
+    """Scheduler, S3 store and workers on their own hosts; returns once every worker joined."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hosts = ["scheduler", "store", "driver"] + [f"gpu-{i}" for i in range(gpu)] + \
+        [f"spot-{i}" for i in range(spot)]
+    addresses = [bed.host(name).ip for name in hosts]
+    cluster = BedCluster(bed, make_pki(folder / "pki", addresses), folder)
+    _start_store(cluster)
+    sched = bed.hosts["scheduler"]
+    sched.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", sched.ip,
+                 "--port", str(SCHEDULER_PORT), "--protocol", "tls", "--no-dashboard",
+                 *cluster.pki.dask_args()], env=cluster.env(), cwd=folder,
+                stdout=open(folder / "scheduler.log", "wb"), stderr=subprocess.STDOUT)
+    for cls, count in (("gpu", gpu), ("spot", spot)):
+        for i in range(count):
+            cluster.add_worker(cls, i)
+    cluster.wait_for_workers([h for h in hosts if h.startswith(("gpu-", "spot-"))])
+    return cluster
+
+
+def _start_store(cluster: BedCluster) -> None:
+    store = cluster.bed.hosts["store"]
+    proc = store.popen([sys.executable, "-m", "pipelines.bench.serial_s3", store.ip,
+                        str(S3_PORT)], env=cluster.env(), cwd=_REPO, stdout=subprocess.PIPE,
+                       stderr=open(cluster.folder / "store.log", "wb"), text=True)
+    if proc.stdout.readline().strip() != "ready":
+        raise TestbedError(f"the S3 server on {store.ip} did not start; see "
+                           f"{cluster.folder}/store.log")
+    config = StorageConfig(url=f"s3://{BUCKET}/probe", endpoint_url=cluster.s3_endpoint,
+                           key=_KEY, secret=_SECRET, region="us-east-1")
+    check_reachable(open_location(config), create_bucket=True)
