@@ -12,6 +12,7 @@ and the worker classes; during a run, a stage that has no worker of its class le
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,8 @@ from pipelines.cluster.nanny import EmbeddedNanny, use_start_method
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
 from spotlight.modes import mode_of
+
+log = logging.getLogger(__name__)
 
 GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
@@ -205,9 +208,23 @@ QUIET_EVENT_LOOPS = {"distributed.worker.profile.enabled": False,
 
 def register_worker_setup(client, config: ClusterConfig, *, embedded: bool) -> None:
     """Every worker, present and future, gets the project's set-up (imports, speed, nice)."""
-    client.register_plugin(spotlight_worker_setup(
+    register_everywhere(client, spotlight_worker_setup(
         config.threads_per_worker, config.spot_nice if embedded else 0,
         http=config.dashboard or not embedded))
+
+
+def register_everywhere(client, plugin) -> None:
+    """Register a worker plugin; a worker that cannot be reached (cut off by a partition) does
+    not stop the run. The scheduler keeps the plugin before it sends it out, so workers that
+    join later get it; the unreachable one is found out by its requests' silence."""
+    from distributed.comm.core import CommClosedError   # distributed loads lazily here
+
+    try:
+        client.register_plugin(plugin)
+    except (CommClosedError, OSError) as exc:
+        log.warning("cluster: worker plugin %s registered, but a worker did not answer (%s); "
+                    "a cut-off worker gets no work once its requests fall silent",
+                    getattr(plugin, "name", type(plugin).__name__), exc)
 
 
 def _close_http_server(dask_scheduler) -> None:

@@ -22,6 +22,7 @@ from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
 from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch_events import event_record
+from spotlight.scheduling.liveness import Liveness, ProgressWatch
 from spotlight.scheduling.dispatch import (AttemptOvertaken, Assign, Cancel, Dispatcher, GaveUp,
                                            Ignored, Offload, NoticeReceived, RequestDone, RequestPreempted,
                                            RequestProgressed, RequestState, RequestsSubmitted,
@@ -32,6 +33,7 @@ EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
 _WORKERS_EVERY_S = 0.25
 _FETCH_TIMEOUT_S = 30.0  # a finished attempt's result is a small record; longer means it is gone
+_LIVENESS_EVERY_S = 2.0  # how often running requests' committed steps are read from the store
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class RequestPool:
     def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec], config: PreemptionConfig,
                  *, store=None, resource: str | tuple[str, ...] = SPOT,
                  offload: Offload | None = None, on_event: EventFn | None = None,
-                 warm_up: Callable[[str], Any] | None = None) -> None:
+                 warm_up: Callable[[str], Any] | None = None, watch_progress: bool = True,
+                 cut_off: set[str] | None = None) -> None:
         self.cluster, self.client, self.config = cluster, cluster.client, config
         self.resources = (resource,) if isinstance(resource, str) else tuple(resource)
         self.store, self.resource = store, "/".join(self.resources)
@@ -101,6 +104,12 @@ class RequestPool:
         self._seen_at: dict[str, float] = {}
         self._noticed: set[str] = set()   # noticed before they joined: never given work
         self.newcomer_ready_s: list[float] = []   # joining -> first request, per newcomer
+        # Progress is liveness: a worker whose requests stop committing is cut off (a partition),
+        # long before Dask's worker TTL would drop it; it gets no more work from this pool.
+        # (``watch_progress``: the requests commit their steps to ``store`` as they go.)
+        self._watch = ProgressWatch(liveness_of(config)) if watch_progress and \
+            store is not None and config.liveness_steps > 0 else None
+        self._cut_off: set[str] = set() if cut_off is None else cut_off   # shared by the run
         self._starting = True
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
@@ -158,7 +167,7 @@ class RequestPool:
     def _run(self) -> None:
         from distributed import wait
 
-        next_look = 0.0
+        next_look = next_liveness = 0.0
         try:
             while not self._stop.is_set() and not self.dispatcher.finished:
                 now = time.monotonic()
@@ -167,6 +176,10 @@ class RequestPool:
                         self._sync_workers()
                         self._read_notices()
                     next_look = now + _WORKERS_EVERY_S
+                if self._watch is not None and now >= next_liveness:
+                    with self._lock:
+                        self._check_liveness(now)
+                    next_liveness = now + _LIVENESS_EVERY_S
                 running = list(self._attempts)
                 if running:
                     try:
@@ -190,7 +203,7 @@ class RequestPool:
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
         now = {addr: info for addr, info in workers.items()
                if _worker_class(info, self.resources) is not None
-               and info.get("status", "running") == "running"}
+               and info.get("status", "running") == "running" and addr not in self._cut_off}
         for addr in sorted(set(self._addresses) - set(now)):
             self._lose(addr)
         known = set(self._addresses) | set(self._warming) | self._noticed
@@ -232,6 +245,26 @@ class RequestPool:
         self._drop_attempts_on(addr)
         self._apply(self._handle(WorkerLost(addr)))
         del self._addresses[addr]
+
+    def _check_liveness(self, now: float) -> None:
+        """Read the committed step of every running request; a worker whose requests went
+        silent past the deadline is treated as lost (its requests resume elsewhere)."""
+        for request in list(self._watch.running):
+            state = self.dispatcher.requests[request]
+            if state.state is not RequestState.RUNNING:
+                self._watch.ended(request)
+            else:
+                self._watch.progressed(request, self._committed(request)[0], now)
+        for addr, quiet in sorted(self._watch.silent(now).items()):
+            self._watch.forget_worker(addr)
+            if addr not in self._addresses:
+                continue
+            self._note("silent", worker=self._addresses[addr], silent_s=round(quiet, 1),
+                       deadline_s=round(self._watch.deadline_s(), 1))
+            self.on_event("dispatch", {"what": "silent", "worker": self._addresses[addr],
+                                       "silent_s": quiet})
+            self._cut_off.add(addr)
+            self._lose(addr)
 
     def _report_progress(self, addr: str) -> None:
         """Tell the dispatcher how far the requests of ``addr`` got (their committed step in the
@@ -375,6 +408,9 @@ class RequestPool:
         if seen is not None:   # a newcomer's first request: how long joining took
             self.newcomer_ready_s.append(time.monotonic() - seen)
         self._by_attempt[(action.request, action.attempt)] = future
+        if self._watch is not None:
+            self._watch.started(action.request, action.worker, action.resume_step,
+                                time.monotonic())
         self._note("assigned", request=action.request, attempt=action.attempt,
                    worker=self._addresses.get(action.worker, action.worker),
                    resume_step=action.resume_step)
@@ -391,6 +427,11 @@ class RequestPool:
 
     def _note(self, kind: str, **info: Any) -> None:
         self.log.append({"kind": kind, "at": time.time(), **info})
+
+
+def liveness_of(config: PreemptionConfig) -> Liveness:
+    return Liveness(factor=config.liveness_steps, floor_s=config.liveness_floor_s,
+                    cold_s=max(config.liveness_first_s, config.liveness_floor_s))
 
 
 def offload_record(offload: Offload | None) -> dict:

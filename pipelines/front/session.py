@@ -19,6 +19,7 @@ from typing import Any
 
 from pipelines.cluster import (ClusterError, ClusterHandle, check_shape, open_cluster,
                                register_worker_setup)
+from pipelines.cluster.connect import register_everywhere
 from pipelines.cluster.dask_log import run_log_file
 from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.cluster.injector import PreemptionInjector
@@ -52,7 +53,7 @@ class Session:
         self.train_prompts = world_prompts(config, "train")
         self.val_prompts = world_prompts(config, "val")
         # Spot workers hear preemption notices (SIGTERM, file, cloud metadata) and hand back.
-        cluster.client.register_plugin(preemption_watch(config.preemption))
+        register_everywhere(cluster.client, preemption_watch(config.preemption))
         self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,
                              on_event=on_event)
         if self.lease is not None:

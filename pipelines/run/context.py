@@ -8,7 +8,7 @@ first use and kept for the next iteration.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from pipelines.cluster import GPU, ClusterHandle
@@ -26,6 +26,9 @@ class Standing:
 
     sp_groups: SPGroups | None = None               # the SP rollout's executor groups
     training_group: TrainingGroup | None = None     # the data-parallel training communicator
+    # Workers whose requests fell silent (cut off by a partition): no pool gives them work
+    # again while the scheduler still lists them under that address.
+    cut_off: set[str] = field(default_factory=set)
 
 
 class RunContext(Protocol):
@@ -36,6 +39,7 @@ class RunContext(Protocol):
     cluster: ClusterHandle
     mode: str
     log: StageLog
+    standing: Standing
 
     def emit(self, kind: str, /, **info: Any) -> None: ...
     def record_event(self, kind: str, info: dict) -> None: ...
@@ -48,7 +52,6 @@ class RunContext(Protocol):
 class StageContext(RunContext, Protocol):
     """What a stage or a rollout backend uses of the run that holds it."""
 
-    standing: Standing
     exploration: Any   # pipelines.run.exploration.Exploration: waiting on and collecting pools
 
     def placed(self, stage: str) -> tuple[str, ...]: ...

@@ -121,7 +121,8 @@ class Exploration:
         if pulled(classes) and self.config.preemption.dispatch == "pull":
             version = requests[0].args[2].version if requests else 0
             return RequestPool(run.cluster, requests, self.config.preemption, store=run.store,
-                               resource=classes,
+                               resource=classes, watch_progress=self.config.stream_latents,
+                               cut_off=run.standing.cut_off,
                                on_event=lambda kind, info: run.emit(kind, stage=stage, **info),
                                warm_up=newcomer_warm_up(run.cluster.client, self.config,
                                                         run.store, version))

@@ -183,7 +183,8 @@ class Pulled:
         specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name)
                  for c in chunks]
         pool = RequestPool(ctx.cluster, specs, config.preemption, store=store,
-                           resource=classes,
+                           resource=classes, watch_progress=config.stream_latents,
+                           cut_off=ctx.standing.cut_off,
                            offload=Offload(speculate_on=on_demand) if on_demand else None,
                            on_event=lambda kind, info: ctx.emit(kind, stage="rollout", **info),
                            warm_up=newcomer_warm_up(ctx.cluster.client, config, store,

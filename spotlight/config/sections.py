@@ -368,6 +368,12 @@ class PreemptionConfig(Validated):
                                        "the stage gives up on them (the seeds they were for "
                                        "are then random, and recorded as filled).",
                                  range=(0.0, 86400.0))
+    liveness_steps: float = spec(20.0, "A request with no new committed step for this many step "
+                                       "times has a cut-off worker: it resumes elsewhere, that "
+                                       "worker gets no more of the stage. 0: off.", range=(0, 1e4))
+    liveness_floor_s: float = spec(60.0, "The shortest such silence.", range=(1.0, 86400.0))
+    liveness_first_s: float = spec(120.0, "The silence allowed before any step time was "
+                                          "measured (loading weights).", range=(1.0, 86400.0))
 
     def validate(self) -> None:
         bad = [s for s in self.notice_sources if s not in NOTICE_SOURCES]
@@ -377,6 +383,8 @@ class PreemptionConfig(Validated):
         if "file" in self.notice_sources and not self.notice_file:
             raise ConfigError("PreemptionConfig.notice_sources has 'file' but notice_file is "
                               "empty; set preemption.notice_file to the path to watch")
+        if 0 < self.liveness_steps <= 1:
+            raise ConfigError(f"preemption.liveness_steps = {self.liveness_steps}: use 0 (off) or >1")
 
 
 WORKER_CLASSES = ("gpu", "spot")

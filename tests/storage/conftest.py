@@ -65,8 +65,8 @@ class MotoS3:
 
 
 def _serial_moto_server():
-    """moto's server answering one request at a time (pipelines.bench.serial_s3 says why: its
-    conditional writes are then atomic, as S3's are), stoppable like ThreadedMotoServer."""
+    """moto's server with atomic conditional PUTs, as S3's are (pipelines.bench.serial_s3 says
+    why), stoppable like ThreadedMotoServer."""
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
     from pipelines.bench.serial_s3 import serial_server

@@ -1,0 +1,80 @@
+"""Liveness from progress: a worker whose requests stop committing steps is taken as cut off.
+
+A worker behind a network partition keeps running (and may write later), but the scheduler
+only drops it when Dask's worker TTL (5 minutes by default) or a TCP time-out runs out. Its
+requests should move long before that. Every running request commits a step every few seconds
+(its latent goes to the run store after each denoising step), so silence is the signal: a
+request with no new committed step for ``factor`` times the measured step time (at least
+``floor_s``) has a silent worker, and every request on that worker is given up on there.
+
+Pure: the glue feeds it the attempts it starts and the committed steps it reads from the run
+store, with its clock; ``silent(now)`` names the workers to treat as lost.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Liveness:
+    factor: float = 20.0      # silent after this many measured step times without a commit
+    floor_s: float = 60.0     # and never sooner (a first step includes loading weights)
+    cold_s: float = 120.0     # the deadline until any step time was measured
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 1 and 0 < self.floor_s <= self.cold_s):
+            raise ValueError(f"Liveness needs factor > 1 and 0 < floor_s <= cold_s, got {self}")
+
+
+@dataclass
+class _Running:
+    worker: str
+    step: int
+    since: float     # when the attempt started or last committed a new step
+
+
+@dataclass
+class ProgressWatch:
+    liveness: Liveness = field(default_factory=Liveness)
+    running: dict[str, _Running] = field(default_factory=dict)
+    step_s: deque = field(default_factory=lambda: deque(maxlen=64))   # measured s per step
+
+    def started(self, request: str, worker: str, step: int, now: float) -> None:
+        """An attempt of ``request`` started on ``worker`` from committed ``step``."""
+        self.running[request] = _Running(worker, step, now)
+
+    def progressed(self, request: str, step: int, now: float) -> None:
+        """The run store holds ``step`` of ``request`` now (a step it had or a newer one)."""
+        run = self.running.get(request)
+        if run is None or step <= run.step:
+            return
+        self.step_s.append((now - run.since) / (step - run.step))
+        run.step, run.since = step, now
+
+    def ended(self, request: str) -> None:
+        self.running.pop(request, None)
+
+    def deadline_s(self) -> float:
+        """How long a running request may go without a new committed step."""
+        if not self.step_s:
+            return self.liveness.cold_s
+        return max(self.liveness.floor_s, self.liveness.factor * statistics.median(self.step_s))
+
+    def silent(self, now: float) -> dict[str, float]:
+        """Workers with a request silent past the deadline, and the longest silence of each."""
+        deadline = self.deadline_s()
+        out: dict[str, float] = {}
+        for run in self.running.values():
+            quiet = now - run.since
+            if quiet > deadline:
+                out[run.worker] = max(out.get(run.worker, 0.0), quiet)
+        return out
+
+    def forget_worker(self, worker: str) -> list[str]:
+        """Stop watching ``worker``'s requests (it was lost); returns them."""
+        gone = [r for r, run in self.running.items() if run.worker == worker]
+        for request in gone:
+            del self.running[request]
+        return gone

@@ -1,0 +1,56 @@
+"""Liveness from progress, on a hand-driven clock: silence past the deadline names the worker."""
+from __future__ import annotations
+
+import pytest
+
+from spotlight.scheduling.liveness import Liveness, ProgressWatch
+
+
+def test_before_any_step_is_measured_the_cold_deadline_applies():
+    watch = ProgressWatch(Liveness(factor=10, floor_s=5, cold_s=60))
+    watch.started("r1", "w1", step=0, now=0.0)
+    assert watch.deadline_s() == 60
+    assert watch.silent(59.0) == {} and watch.silent(61.0) == {"w1": 61.0}
+
+
+def test_the_deadline_follows_the_measured_step_time_but_not_below_the_floor():
+    watch = ProgressWatch(Liveness(factor=10, floor_s=5, cold_s=60))
+    watch.started("r1", "w1", step=0, now=0.0)
+    watch.progressed("r1", 4, now=8.0)          # 2 s per step
+    assert watch.deadline_s() == 20.0
+    watch.progressed("r1", 4, now=9.0)          # the same step again: no new measurement
+    assert watch.deadline_s() == 20.0
+    assert watch.silent(27.9) == {} and watch.silent(28.1) == {"w1": pytest.approx(20.1)}
+    fast = ProgressWatch(Liveness(factor=10, floor_s=5, cold_s=60))
+    fast.started("r", "w", 0, 0.0)
+    fast.progressed("r", 10, 1.0)               # 0.1 s per step: 10 x 0.1 = 1 s < floor
+    assert fast.deadline_s() == 5
+
+
+def test_a_committing_request_stays_alive_and_only_the_silent_worker_is_named():
+    watch = ProgressWatch(Liveness(factor=5, floor_s=1, cold_s=60))
+    watch.started("a", "w1", 0, 0.0)
+    watch.started("b", "w2", 3, 0.0)            # resumed from step 3
+    for t in range(1, 40):
+        watch.progressed("a", t, float(t))      # w1 commits every second
+    assert watch.deadline_s() == 5.0
+    assert watch.silent(39.5) == {"w2": 39.5}   # w2 never committed past its resume point
+    assert watch.forget_worker("w2") == ["b"]
+    assert watch.silent(39.5) == {}
+    watch.ended("a")
+    assert watch.silent(1000.0) == {}
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="factor > 1"):
+        Liveness(factor=1)
+    with pytest.raises(ValueError, match="floor_s <= cold_s"):
+        Liveness(floor_s=100, cold_s=10)
+
+
+def test_the_config_refuses_a_deadline_of_one_step_or_less():
+    from spotlight.config import ConfigError, PreemptionConfig
+
+    with pytest.raises(ConfigError, match=r"preemption.liveness_steps = 0.5: use 0 \(off\)"):
+        PreemptionConfig(liveness_steps=0.5)
+    assert PreemptionConfig(liveness_steps=0).liveness_steps == 0
