@@ -259,3 +259,32 @@ def test_a_lost_result_of_a_dead_worker_loses_everything_it_held():
     actions = d.handle(ResultLost("a", 1, "w", worker_alive=False, step=2))
     assert sorted((r.request, r.step) for r in of(actions, Requeued)) == [("a", 2), ("b", 4)]
     assert d.workers["w"].state is WorkerState.GONE and of(actions, Starved)
+
+
+def test_a_lost_worker_s_requests_go_back_to_the_front_in_their_order_and_once():
+    d = Dispatcher()
+    submit(d, ["a", "b", "c", "d", "e"])
+    d.handle(WorkerJoined("big", slots=3))      # holds a, b, c; d and e wait
+    actions = d.handle(WorkerLost("big"))
+    assert [r.request for r in of(actions, Requeued)] == ["a", "b", "c"]
+    assert list(d.queue) == ["a", "b", "c", "d", "e"]   # oldest first, ahead of the waiting
+    again = d.handle(WorkerLost("big"))
+    assert again == [Ignored(WorkerLost("big"), "worker 'big' was not active")]
+    d.handle(WorkerJoined("small", slots=1))
+    assert [a.request for a in of(d.handle(WorkerJoined("other", slots=2)), Assign)] == \
+        ["b", "c"]   # the queue's order survives the loss: 'small' took 'a'
+
+
+def test_a_late_hand_back_is_ignored_but_its_committed_step_is_kept():
+    d = Dispatcher()
+    submit(d, ["a"])
+    d.handle(WorkerJoined("w1"))
+    d.handle(WorkerLost("w1"))                  # attempt 1 given up on
+    d.handle(WorkerJoined("w2"))                # attempt 2 runs on w2
+    late = RequestPreempted("a", attempt=1, step=6)   # attempt 1 had committed 6 steps after all
+    assert d.handle(late) == [Ignored(late, "attempt 1 of a is not running")]
+    assert d.requests["a"].committed_step == 6
+    d.handle(WorkerLost("w2"))
+    assert of(d.handle(WorkerJoined("w3")), Assign) == [Assign("a", "w3", 3, 6)]
+    unknown = RequestPreempted("zz", attempt=1, step=1)
+    assert d.handle(unknown) == [Ignored(unknown, "unknown request 'zz'")]
