@@ -3,8 +3,9 @@ background, released at the end; the pure transitions live in ``storage.lease``.
 
 The lease is what lets a second ``spotlight run --resume URL`` stop at once, before it starts a
 cluster, and what fences the first driver after a ``--takeover``: the taker's epoch is higher,
-and the store refuses run-state writes of an older epoch (``DriverLease.check`` before each
-write; the manifest's compare-and-swap for every commit).
+and the store refuses run-state writes of an older epoch (``DriverLease.verify``, one read of
+the lease, before each write and each manifest update; the manifest's compare-and-swap, which
+finds a newer epoch stamped in it, behind that).
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ _RACES = 5   # drivers acquiring at the same instant: re-read and decide again t
 class DriverLease:
     """The lease this driver holds. ``epoch`` is its fencing token."""
 
-    def __init__(self, location: RunLocation, held: Lease, version: str, ttl_s: float,
+    def __init__(self, location: RunLocation, held: Lease, ttl_s: float,
                  clock: Callable[[], float] = time.time) -> None:
         self.location = location
-        self.held, self._version = held, version
+        self.held = held
         self.ttl_s, self._clock = ttl_s, clock
         self.lost: DriverFenced | None = None
         self.took_over: Lease | None = None   # the unreleased lease this one replaced
@@ -70,12 +71,12 @@ class DriverLease:
             held = acquired_lease(current, me, clock(), ttl_s, takeover=takeover, force=force)
             try:
                 if version is None:
-                    new_version = create_exclusive(location, held.to_json(), LEASE)
+                    create_exclusive(location, held.to_json(), LEASE)
                 else:
-                    new_version = replace_if(location, held.to_json(), version, LEASE)
+                    replace_if(location, held.to_json(), version, LEASE)
             except WriteConflict:
                 continue   # another driver wrote the lease between our read and write
-            taken = cls(location, held, new_version, ttl_s, clock)
+            taken = cls(location, held, ttl_s, clock)
             if current is not None and current.holder != me and not current.released:
                 log.warning("storage: took over %s from host %s pid %s (epoch %d -> %d)",
                             location.url, current.holder.host, current.holder.pid,
@@ -101,10 +102,11 @@ class DriverLease:
             current, version = _read(self.location)
             try:
                 held = renewed_lease(current, self.held, self._clock(), self.ttl_s)
-                self._version = replace_if(self.location, held.to_json(), version, LEASE)
+                replace_if(self.location, held.to_json(), version, LEASE)
             except (LeaseLost, WriteConflict) as exc:
-                self._lose(str(exc))
-            self.held = held
+                self._lose(str(exc))   # raises DriverFenced
+            else:
+                self.held = held
 
     def check(self) -> None:
         """Raise DriverFenced if this driver lost the lease (cheap: no store access)."""
