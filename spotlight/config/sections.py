@@ -372,8 +372,8 @@ class PreemptionConfig(Validated):
                                        "times has a cut-off worker: it resumes elsewhere, that "
                                        "worker gets no more of the stage. 0: off.", range=(0, 1e4))
     liveness_floor_s: float = spec(60.0, "The shortest such silence.", range=(1.0, 86400.0))
-    liveness_first_s: float = spec(120.0, "The silence allowed before any step time was "
-                                          "measured (loading weights).", range=(1.0, 86400.0))
+    liveness_first_s: float = spec(120.0, "The silence allowed before an attempt's first "
+                                          "step (it may load weights).", range=(1.0, 86400.0))
 
     def validate(self) -> None:
         bad = [s for s in self.notice_sources if s not in NOTICE_SOURCES]

@@ -5,7 +5,9 @@ only drops it when Dask's worker TTL (5 minutes by default) or a TCP time-out ru
 requests should move long before that. Every running request commits a step every few seconds
 (its latent goes to the run store after each denoising step), so silence is the signal: a
 request with no new committed step for ``factor`` times the measured step time (at least
-``floor_s``) has a silent worker, and every request on that worker is given up on there.
+``floor_s``) has a silent worker, and every request on that worker is given up on there. An
+attempt's first step may include loading weights (a new version every iteration), so until it
+commits one it is allowed ``cold_s``.
 
 Pure: the glue feeds it the attempts it starts and the committed steps it reads from the run
 store, with its clock; ``silent(now)`` names the workers to treat as lost.
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 class Liveness:
     factor: float = 20.0      # silent after this many measured step times without a commit
     floor_s: float = 60.0     # and never sooner (a first step includes loading weights)
-    cold_s: float = 120.0     # the deadline until any step time was measured
+    cold_s: float = 120.0     # the deadline of an attempt's first step (and before any step time)
 
     def __post_init__(self) -> None:
         if not (self.factor > 1 and 0 < self.floor_s <= self.cold_s):
@@ -32,7 +34,8 @@ class Liveness:
 class _Running:
     worker: str
     step: int
-    since: float     # when the attempt started or last committed a new step
+    since: float          # when the attempt started or last committed a new step
+    moved: bool = False   # it committed a step since it started
 
 
 @dataclass
@@ -51,7 +54,7 @@ class ProgressWatch:
         if run is None or step <= run.step:
             return
         self.step_s.append((now - run.since) / (step - run.step))
-        run.step, run.since = step, now
+        run.step, run.since, run.moved = step, now, True
 
     def ended(self, request: str) -> None:
         self.running.pop(request, None)
@@ -65,10 +68,11 @@ class ProgressWatch:
     def silent(self, now: float) -> dict[str, float]:
         """Workers with a request silent past the deadline, and the longest silence of each."""
         deadline = self.deadline_s()
+        first = max(deadline, self.liveness.cold_s)
         out: dict[str, float] = {}
         for run in self.running.values():
             quiet = now - run.since
-            if quiet > deadline:
+            if quiet > (deadline if run.moved else first):
                 out[run.worker] = max(out.get(run.worker, 0.0), quiet)
         return out
 

@@ -28,17 +28,29 @@ def test_the_deadline_follows_the_measured_step_time_but_not_below_the_floor():
 
 
 def test_a_committing_request_stays_alive_and_only_the_silent_worker_is_named():
-    watch = ProgressWatch(Liveness(factor=5, floor_s=1, cold_s=60))
+    watch = ProgressWatch(Liveness(factor=5, floor_s=1, cold_s=30))
     watch.started("a", "w1", 0, 0.0)
     watch.started("b", "w2", 3, 0.0)            # resumed from step 3
     for t in range(1, 40):
         watch.progressed("a", t, float(t))      # w1 commits every second
     assert watch.deadline_s() == 5.0
+    assert watch.silent(29.5) == {}             # a first step may load weights: cold_s for it
     assert watch.silent(39.5) == {"w2": 39.5}   # w2 never committed past its resume point
     assert watch.forget_worker("w2") == ["b"]
     assert watch.silent(39.5) == {}
     watch.ended("a")
     assert watch.silent(1000.0) == {}
+
+
+def test_after_its_first_step_a_request_gets_the_measured_deadline():
+    watch = ProgressWatch(Liveness(factor=5, floor_s=1, cold_s=100))
+    watch.started("a", "w1", 0, 0.0)
+    watch.progressed("a", 1, 50.0)              # a slow first step (weights), then
+    watch.progressed("a", 2, 51.0)              # one second per step
+    assert watch.deadline_s() == pytest.approx(5 * 25.5)   # median of 50 and 1 s
+    watch.progressed("a", 3, 52.0)
+    assert watch.deadline_s() == 5.0
+    assert watch.silent(56.5) == {} and watch.silent(57.5) == {"w1": 5.5}
 
 
 def test_bad_settings_are_named():
