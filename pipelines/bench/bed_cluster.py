@@ -57,6 +57,10 @@ class BedCluster:
                     AWS_RESPONSE_CHECKSUM_VALIDATION="WHEN_REQUIRED",
                     PYTHONPATH=str(_REPO), OMP_NUM_THREADS="1", NO_PROXY="*")
 
+    def store_env(self) -> dict[str, str]:
+        """Only the S3 variables: what a reader of the store in this process sets."""
+        return {k: v for k, v in self.env().items() if k.startswith("AWS_")}
+
     def add_worker(self, cls: str, index: int) -> Host:
         """Start a stock ``dask worker`` of class ``cls`` on its own host; returns the host."""
         name = f"{cls}-{index}"
