@@ -6,6 +6,7 @@ Dataset::
     iter-000012/rollout.zarr/latents/<request>/                 group (attrs: weights_version, ...)
     iter-000012/rollout.zarr/latents/<request>/latent           (step, sample, token, channel)
     iter-000012/rollout.zarr/latents/<request>/latent/c/<t>/... one chunk per step (crc32c)
+    iter-000012/rollout.zarr/latents/<request>/latent-e1a2      steps of a later attempt
     iter-000012/rollout.zarr/latents/<request>/sigma, prompt, seed, weights_version  coordinates
     iter-000012/rollout.commits/<request>.json                  the commit marker
 
@@ -20,7 +21,11 @@ xarray in one read::
 
 Step 0 is the initial noise, step t the latent after t denoising steps. A step is committed
 when the commit marker says so; the marker is written only after the chunk it covers, so a
-half-written chunk is never taken for a committed one. Latents are stored bit-exactly (same
+half-written chunk is never taken for a committed one. The marker also owns the request: it
+names the attempt writing it and which array holds which steps (:mod:`storage.attempts`). An
+attempt that takes a request over writes its own array, so a request resumed by another attempt
+reads whole with :meth:`LatentStreams.read_trajectory` (``latent`` alone ends where it was taken
+over). Latents are stored bit-exactly (same
 dtype, no lossy codec), which with the determinism contract makes a request resumed from
 ``resume_point`` produce the same output as one never interrupted.
 
@@ -35,12 +40,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import CorruptObjectError, NotCommittedError, StorageError
+from .attempts import LATENT, Attempt, attempt_of, claimed, fenced_by, lineage_of, segments
+from .conditional import create_exclusive, read_versioned, replace_if
+from .errors import (CorruptObjectError, NotCommittedError, StorageError, StreamOvertakenError,
+                     WriteConflict)
 from .manifest import stage_key
 from .urls import RunLocation
 
 COMMITS = ".commits"     # suffix of the stage's marker folder, beside its ``.zarr``
-LATENT = "latent"        # the request group's data variable
+_CLAIM_TRIES = 5         # a claim that keeps losing to another writer's marker update gives up
 LAYOUT = 2               # 1: the request was a bare array (no coordinates); not resumable here
 
 # zarr says, on every consolidation, that consolidated metadata is not yet in the v3 spec. The
@@ -56,6 +64,16 @@ class ResumePoint(NamedTuple):
     step: int
     latent: np.ndarray
     weights_version: int
+
+
+class Claim(NamedTuple):
+    """A request an attempt owns: its marker as written, that version, the array it writes
+    and whether that array is new."""
+
+    record: dict
+    version: str
+    array: str
+    new_array: bool
 
 
 class Labels(NamedTuple):
@@ -100,8 +118,9 @@ class LatentStreams:
     def _commit_parts(stage: str, request: str) -> tuple[str, ...]:
         return (stage_key(stage) + COMMITS, request_key(request) + ".json")
 
-    def _chunk_parts(self, stage: str, request: str, step: int, ndim: int) -> tuple[str, ...]:
-        return self._parts(stage, request, LATENT, "c", str(step), *["0"] * ndim)
+    def _chunk_parts(self, stage: str, request: str, step: int, ndim: int,
+                     array: str = LATENT) -> tuple[str, ...]:
+        return self._parts(stage, request, array, "c", str(step), *["0"] * ndim)
 
     def store(self, stage: str, read_only: bool = False) -> Any:
         return self.location.zarr_store(stage_store_path(stage), read_only=read_only)
@@ -119,23 +138,17 @@ class LatentStreams:
             data = self.location.read_bytes(*parts, small=True)
         except FileNotFoundError:
             return None
-        try:
-            record = json.loads(data.decode("utf-8"))
-            int(record["step"]), int(record["weights_version"])
-        except Exception as exc:  # noqa: BLE001 - any failure means a damaged marker
-            raise CorruptObjectError(self.location.child_url(*parts),
-                                     f"unreadable commit marker ({exc})") from exc
-        return record
+        return _parse_marker(data, self.location.child_url(*parts))
 
     def committed_step(self, stage: str, request: str | int) -> int:
         """Last committed step of a request, -1 if none."""
         record = self.commit_record(stage, request)
         return -1 if record is None else int(record["step"])
 
-    def _open_array(self, stage: str, request: str) -> Any:
+    def _open_array(self, stage: str, request: str, array: str = LATENT) -> Any:
         import zarr
 
-        path = "/".join(self._parts(stage, request, LATENT)[1:])
+        path = "/".join(self._parts(stage, request, array)[1:])
         url = self.url(stage, request)
 
         def open_() -> Any:
@@ -145,7 +158,7 @@ class LatentStreams:
                 self._refuse_old_layout(stage, request)
                 raise CorruptObjectError(url, "committed but its Zarr array is missing") from exc
 
-        return self.location.retry(open_, "open", *self._parts(stage, request, LATENT))
+        return self.location.retry(open_, "open", *self._parts(stage, request, array))
 
     def _refuse_old_layout(self, stage: str, request: str) -> None:
         """A request written as a bare array (layout 1) is an older Spotlight's: say so."""
@@ -161,18 +174,25 @@ class LatentStreams:
 
     def read_steps(self, stage: str, request: str | int, start: int, stop: int,
                    record: dict | None = None) -> np.ndarray:
-        """Committed latents of steps ``start..stop-1``; an error naming any bad chunk."""
+        """Committed latents of steps ``start..stop-1``, from the arrays the marker's lineage
+        names; an error naming any bad chunk."""
         record = self.commit_record(stage, request) if record is None else record
         last = -1 if record is None else int(record["step"])
         if not 0 <= start < stop <= last + 1:
             raise NotCommittedError(f"steps {start}..{stop - 1} of {self.url(stage, request)} are "
                                     f"not all committed (committed through step {last})")
-        arr = self._open_array(stage, request)
+        return np.concatenate([self._read_array(stage, request, array, lo, hi)
+                               for array, lo, hi in segments(lineage_of(record), start, stop)])
+
+    def _read_array(self, stage: str, request: str | int, array: str, start: int,
+                    stop: int) -> np.ndarray:
+        """Steps ``start..stop-1`` of one of the request's arrays, every chunk checked."""
+        arr = self._open_array(stage, request, array)
         ndim = arr.ndim - 1
         # Zarr reads a missing chunk as fill values; a committed step must have its chunk.
-        present = self._chunk_keys(stage, request) if stop - start > 1 else None
+        present = self._chunk_keys(stage, request, array) if stop - start > 1 else None
         for step in range(start, stop):
-            chunk = self._chunk_parts(stage, request, step, ndim)
+            chunk = self._chunk_parts(stage, request, step, ndim, array)
             found = ("/".join(chunk[-ndim - 2:]) in present) if present is not None \
                 else self.location.exists(*chunk)
             if not found:
@@ -180,13 +200,13 @@ class LatentStreams:
                                          f"chunk of committed step {step} is missing")
         try:  # one call: zarr fetches the chunks concurrently
             return self.location.retry(lambda: arr[start:stop], "read",
-                                       *self._parts(stage, request, LATENT))
+                                       *self._parts(stage, request, array))
         except StorageError:
             raise
         except Exception:  # noqa: BLE001 - find and name the chunk that fails
             pass
         for step in range(start, stop):
-            chunk = self._chunk_parts(stage, request, step, ndim)
+            chunk = self._chunk_parts(stage, request, step, ndim, array)
             try:
                 self.location.retry(lambda s=step: arr[s], "read", *chunk)
             except StorageError:
@@ -196,9 +216,9 @@ class LatentStreams:
                                          f"failed its integrity check ({exc})") from exc
         raise CorruptObjectError(self.url(stage, request), "unreadable (no single chunk fails)")
 
-    def _chunk_keys(self, stage: str, request: str | int) -> set[str]:
-        """Chunk keys (``c/<t>/0/0``) present for a request, from one recursive listing."""
-        base = self.location.path(*self._parts(stage, request, LATENT))
+    def _chunk_keys(self, stage: str, request: str | int, array: str = LATENT) -> set[str]:
+        """Chunk keys (``c/<t>/0/0``) present in one array, from one recursive listing."""
+        base = self.location.path(*self._parts(stage, request, array))
         fs = self.location.fs
 
         def find() -> list[str]:
@@ -207,21 +227,27 @@ class LatentStreams:
             except FileNotFoundError:
                 return []
 
-        paths = self.location.retry(find, "list", *self._parts(stage, request, LATENT, "c"))
+        paths = self.location.retry(find, "list", *self._parts(stage, request, array, "c"))
         prefix = fs._strip_protocol(base).rstrip("/") + "/"
         return {fs._strip_protocol(p)[len(prefix):] for p in paths}
+
+    def written_steps(self, stage: str, request: str | int, array: str = LATENT) -> list[int]:
+        """Steps with a chunk in one of the request's arrays, committed or not (an audit of
+        what a stale attempt wrote outside the trajectory)."""
+        return sorted(int(key.split("/")[1]) for key in self._chunk_keys(stage, request, array))
 
     def read_trajectory(self, stage: str, request: str | int) -> np.ndarray:
         """All committed latents of a request, shape (committed steps + 1, *latent_shape)."""
         record = self.commit_record(stage, request)
-        if record is None:
+        if record is None or int(record["step"]) < 0:
             raise NotCommittedError(f"nothing committed for {self.url(stage, request)}")
         return self.read_steps(stage, request, 0, int(record["step"]) + 1, record)
 
     def resume_point(self, stage: str, request: str | int) -> ResumePoint | None:
-        """(last committed step, its latent, weights version), or None if nothing is committed."""
+        """(last committed step, its latent, weights version), or None if nothing is committed
+        (an attempt may have claimed the request and died before its first step)."""
         record = self.commit_record(stage, request)
-        if record is None:
+        if record is None or int(record["step"]) < 0:
             return None
         step = int(record["step"])
         latent = self.read_steps(stage, request, step, step + 1, record)[0]
@@ -230,19 +256,21 @@ class LatentStreams:
     # -- writing (called from the sink's thread) ----------------------------------------------
     def open_for_write(self, stage: str, request: str, *, num_steps: int, shape: tuple,
                        dtype: np.dtype, weights_version: int, fresh: bool = False,
-                       labels: Labels | None = None) -> Any:
-        """The request's latent array, created on first use; checked against an existing one.
+                       labels: Labels | None = None, array: str = LATENT,
+                       group: bool = True) -> Any:
+        """The request's latent ``array``, created on first use; checked against an existing one.
 
-        ``fresh``: the caller has seen that nothing of the request is committed and has run
-        :meth:`prepare_stage`. Then the group's and the array's metadata are written as single
-        PUTs, without zarr's existence checks and parent-group writes (about twenty S3 round
-        trips per request); an uncommitted request left by an earlier attempt is replaced.
-        ``labels`` name the latent's dims and give its coordinates (written when it is new).
+        ``fresh``: the caller has claimed the array as new (:meth:`claim`) and has run
+        :meth:`prepare_stage`. Then the metadata are written as single PUTs, without zarr's
+        existence checks and parent-group writes (about twenty S3 round trips per request): the
+        request group's and its coordinates too unless ``group`` is False (an attempt taking
+        over a request whose group an earlier attempt wrote). ``labels`` name the latent's dims
+        and give its coordinates.
         """
         import zarr
         from zarr.errors import ContainsArrayError
 
-        path = "/".join(self._parts(stage, request, LATENT)[1:])
+        path = "/".join(self._parts(stage, request, array)[1:])
         url = self.url(stage, request)
         store = self.store(stage)
         spec = _array_spec(stage, request, num_steps, tuple(shape), np.dtype(dtype),
@@ -257,8 +285,9 @@ class LatentStreams:
                 return zarr.open_array(store, path=path, mode="r+")
 
         if fresh:
-            return self._create_fresh(stage, request, store, path, spec, labels)
-        arr = self.location.retry(create, "create", *self._parts(stage, request, LATENT))
+            return self._create_fresh(stage, request, store, path, spec, labels if group else None,
+                                      group)
+        arr = self.location.retry(create, "create", *self._parts(stage, request, array))
         want = (num_steps + 1, *shape)
         if arr.shape != want or arr.dtype != dtype:
             raise StorageError(f"{url} exists with shape {arr.shape} {arr.dtype}, but this stream "
@@ -270,8 +299,9 @@ class LatentStreams:
         return arr
 
     def _create_fresh(self, stage: str, request: str, store: Any, path: str, spec: dict,
-                      labels: Labels | None) -> Any:
-        """Write a new request's coordinates, group and array metadata; return the array."""
+                      labels: Labels | None, group_too: bool = True) -> Any:
+        """Write a new array's metadata (and its request's coordinates and group's, with
+        ``group_too``); return the array."""
         import zarr
         from zarr.core.array import AsyncArray
         from zarr.core.buffer import default_buffer_prototype
@@ -281,14 +311,15 @@ class LatentStreams:
         if labels is not None:
             self.location.retry(lambda: _write_coords(store, group, labels), "write coordinates of",
                                 *self._parts(stage, request))
-        self.location.write_bytes(_group_document(spec["attributes"]),
-                                  *self._parts(stage, request, "zarr.json"), durable=False)
+        if group_too:
+            self.location.write_bytes(_group_document(spec["attributes"]),
+                                      *self._parts(stage, request, "zarr.json"), durable=False)
         # zarr builds (and validates) the metadata in memory; only its document travels.
         template = zarr.create_array(zarr.storage.MemoryStore(), name=path, **spec)
         metadata = template.metadata
         document = metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes()
-        self.location.write_bytes(document, *self._parts(stage, request, LATENT, "zarr.json"),
-                                  durable=False)
+        self.location.write_bytes(document, *self._parts(stage, request, path.rsplit("/", 1)[-1],
+                                                         "zarr.json"), durable=False)
         return zarr.Array(AsyncArray(metadata, StorePath(store, path), config=spec["config"]))
 
     def seal(self, stage: str, request: str | int) -> None:
@@ -323,19 +354,88 @@ class LatentStreams:
         self.location.retry(lambda: self._ensure_groups(store), "create",
                             stage_store_path(stage))
 
-    def write_step(self, arr: Any, stage: str, request: str, step: int, latent: np.ndarray) -> None:
-        chunk = self._chunk_parts(stage, request, step, latent.ndim)
+    def write_step(self, arr: Any, stage: str, request: str, step: int, latent: np.ndarray,
+                   array: str = LATENT) -> None:
+        chunk = self._chunk_parts(stage, request, step, latent.ndim, array)
 
         def write() -> None:
             arr[step] = latent
 
         self.location.retry(write, f"write latent step {step} to", *chunk)
 
-    def write_commit(self, stage: str, request: str, record: dict) -> None:
+    def claim(self, stage: str, request: str, attempt: Attempt, first_step: int,
+              base: dict) -> Claim:
+        """Make ``attempt`` the owner of ``request`` before it writes a chunk, continuing at
+        ``first_step`` (0: it starts the request): a conditional write of the marker naming it.
+        StreamOvertakenError if a newer attempt owns the request or another attempt is ahead
+        of ``first_step``; nothing is written then."""
+        parts = self._commit_parts(stage, request)
+        for _ in range(_CLAIM_TRIES):
+            try:
+                current = read_versioned(self.location, *parts)
+                stored = _parse_marker(current.data, self.location.child_url(*parts))
+            except FileNotFoundError:
+                current, stored = None, None
+            newer = fenced_by(stored, attempt)
+            last = -1 if stored is None else int(stored["step"])
+            if newer is not None or first_step <= last:
+                who = f"attempt {newer.key}" if newer is not None else "another attempt"
+                raise StreamOvertakenError(
+                    f"{who} owns {self.url(stage, request)} (committed through step {last}); "
+                    f"attempt {attempt.key} would start at step {first_step}, so it stops")
+            if first_step != last + 1:
+                raise StorageError(
+                    f"the stream starts at step {first_step} but the store has committed through "
+                    f"step {last}; resume from resume_point() (step {last}) and commit step "
+                    f"{last + 1}")
+            record = claimed(stored, attempt, first_step, base)
+            array = lineage_of(record)[-1][1]
+            if stored is not None and attempt_of(stored) == attempt:   # already its own
+                return Claim(record, current.version, array, False)
+            data = json.dumps(record, sort_keys=True).encode("utf-8")
+            try:
+                version = create_exclusive(self.location, data, *parts) if current is None \
+                    else replace_if(self.location, data, current.version, *parts)
+            except WriteConflict:
+                continue   # another attempt moved the marker meanwhile: look again
+            return Claim(record, version, array, True)
+        raise StreamOvertakenError(f"attempt {attempt.key} could not claim "
+                                   f"{self.url(stage, request)}: its marker kept changing")
+
+    def write_commit(self, stage: str, request: str, record: dict, version: str | None = None
+                     ) -> str | None:
+        """Write a request's marker; with ``version`` (the owner's last) only if unchanged since:
+        the new version, or StreamOvertakenError when a newer attempt has claimed it."""
         data = json.dumps(record, sort_keys=True).encode("utf-8")
-        # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a killed
-        # (preempted) process, which is the failure this marker guards against.
-        self.location.write_bytes(data, *self._commit_parts(stage, request), durable=False)
+        parts = self._commit_parts(stage, request)
+        if version is None:
+            # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a
+            # killed (preempted) process, which is the failure this marker guards against.
+            self.location.write_bytes(data, *parts, durable=False)
+            return None
+        try:
+            return replace_if(self.location, data, version, *parts)
+        except WriteConflict:
+            stored = self.commit_record(stage, request)
+        mine = attempt_of(record)
+        owner = attempt_of(stored)
+        if owner == mine:
+            raise StorageError(f"the commit marker of {self.url(stage, request)} changed under "
+                               f"its owner, attempt {mine.key}; was the store written by hand?")
+        step = "?" if stored is None else stored["step"]
+        raise StreamOvertakenError(
+            f"attempt {owner.key} took {self.url(stage, request)} over (committed through step "
+            f"{step}); attempt {mine.key} stops at step {record['step']}, uncommitted")
+
+
+def _parse_marker(data: bytes, url: str) -> dict:
+    try:
+        record = json.loads(data.decode("utf-8"))
+        int(record["step"]), int(record["weights_version"])
+        lineage_of(record)
+    except Exception as exc:  # noqa: BLE001 - any failure means a damaged marker
+        raise CorruptObjectError(url, f"unreadable commit marker ({exc})") from exc
+    return record
 
 
 def _array_spec(stage: str, request: str, num_steps: int, shape: tuple, dtype: np.dtype,

@@ -220,7 +220,9 @@ class Manifest:
     def mark_stage_done(self, stage: str, info: dict | None = None) -> dict:
         """Record ``stage`` complete. Call only after all of its data is committed."""
         key = stage_key(stage)
-        record = {"completed_at": _now(), "info": dict(info or {})}
+        record = {"completed_at": _now(), "at": time.time(), "info": dict(info or {})}
+        if self.epoch is not None:   # which driver recorded it: an audit of fencing reads it
+            record["epoch"] = self.epoch
         self.update(lambda m: m.setdefault("stages", {}).__setitem__(key, record))
         return record
 

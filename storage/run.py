@@ -41,6 +41,12 @@ class RunStore:
         self.manifest.epoch = lease.epoch
         self.manifest.guard = lease.verify   # a manifest update checks the lease first, too
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this store writes under (0: no lease): the first half of every
+        attempt number the driver hands out (:class:`storage.attempts.Attempt`)."""
+        return 0 if self.lease is None else self.lease.epoch
+
     def _guard(self) -> None:
         if self.lease is not None:
             self.lease.verify()

@@ -18,13 +18,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import CorruptObjectError, SinkClosedError, StorageError, StreamOvertakenError
+from .attempts import FIRST, Attempt
+from .errors import CorruptObjectError, SinkClosedError, StorageError
 from .latents import Labels, LatentStreams, request_key
 from .manifest import stage_key
 
@@ -41,15 +41,17 @@ class _Item(NamedTuple):
     num_steps: int
     weights_version: int
     labels: Labels | None = None
+    attempt: Attempt = FIRST
 
 
 class _Stream:
-    """Per-request state of the background thread."""
+    """Per-request state of the background thread: the array its attempt writes, its marker
+    and that marker's stored version (the next marker write is conditional on it)."""
 
-    __slots__ = ("array", "record", "next_step")
+    __slots__ = ("array", "name", "record", "version", "next_step")
 
-    def __init__(self, array: Any, record: dict) -> None:
-        self.array, self.record = array, record
+    def __init__(self, array: Any, name: str, record: dict, version: str) -> None:
+        self.array, self.name, self.record, self.version = array, name, record, version
         self.next_step = int(record["step"]) + 1
 
 
@@ -79,12 +81,14 @@ class LatentSink:
     # -- caller side --------------------------------------------------------------------------
     def commit(self, request: str | int, step: int, latent: Any, *, num_steps: int,
                weights_version: int, stage: str | None = None,
-               labels: Labels | None = None) -> None:
+               labels: Labels | None = None, attempt: Attempt = FIRST) -> None:
         """Queue the latent of ``step`` (0 = initial noise) of ``request`` and return (blocks
         only while the queue is full). A request's steps must come in order without gaps,
         starting at 0 or right after its committed step (see ``resume_point``). ``labels``
         (dim names, coordinates) are written with a new request's first step; once its last
-        step is committed, the request is sealed (:meth:`LatentStreams.seal`)."""
+        step is committed, the request is sealed (:meth:`LatentStreams.seal`). ``attempt``
+        (the dispatcher's) owns the request from its first commit on; once a newer attempt
+        claims the request, this one's next commit raises StreamOvertakenError."""
         self._raise_if_failed()
         if self._closed:
             raise SinkClosedError("commit() on a closed LatentSink; open a new sink")
@@ -110,7 +114,7 @@ class LatentSink:
         with self._cond:
             self._pending += 1
         self._queue.put(_Item(stage, request, int(step), latent, int(num_steps),
-                              int(weights_version), labels))
+                              int(weights_version), labels, Attempt(*attempt)))
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every queued latent is committed; re-raise a background error."""
@@ -228,8 +232,12 @@ class LatentSink:
                     f"through step {stream.next_step - 1}; resume from resume_point() (step "
                     f"{stream.next_step - 1}) and commit step {stream.next_step}"))
             stream.next_step += 1
-        self._parallel(work, lambda it: self.streams.write_step(
-            self._streams[(it.stage, it.request)].array, it.stage, it.request, it.step, it.latent))
+        def write(it: _Item) -> None:
+            stream = self._streams[(it.stage, it.request)]
+            self.streams.write_step(stream.array, it.stage, it.request, it.step, it.latent,
+                                    stream.name)
+
+        self._parallel(work, write)
         # 3. Only now may markers cover these steps: due at once for a finished request, else
         #    commit_interval_s after the first step no marker covers yet.
         now = time.monotonic()
@@ -255,22 +263,11 @@ class LatentSink:
             del self._uncovered[(item.stage, item.request)]
 
     def _write_marker(self, item: _Item) -> None:
-        """Write a request's marker unless another attempt's marker already covers its step.
-
-        Two attempts of a request may stream at once (a straggler's speculative twin). The
-        one behind must not move the marker back over the other's steps -- if it were then
-        killed, the request would read as unfinished after its result was accepted. Checking
-        before writing leaves only the moment between the read and the write (fencing
-        attempts closes it)."""
-        record = self._streams[(item.stage, item.request)].record
-        stored = self.streams.commit_record(item.stage, item.request)
-        if stored is not None and stored.get("attempt") != record["attempt"] \
-                and int(stored["step"]) >= item.step:
-            raise StreamOvertakenError(
-                f"another attempt has committed through step {stored['step']} while this one "
-                f"was at step {item.step}; this attempt stops, the request goes on from step "
-                f"{stored['step']}")
-        self.streams.write_commit(item.stage, item.request, record)
+        """Write a request's marker if this attempt still owns the request (a conditional write
+        on the version it last wrote); StreamOvertakenError once a newer attempt claimed it."""
+        stream = self._streams[(item.stage, item.request)]
+        stream.version = self.streams.write_commit(item.stage, item.request, stream.record,
+                                                   stream.version)
 
     def _parallel(self, items: list[_Item], fn: Any) -> None:
         """Run ``fn`` on every item concurrently; raise the first failure in item order."""
@@ -289,28 +286,22 @@ class LatentSink:
                 raise _ItemError(item, exc)
 
     def _open_stream(self, item: _Item) -> None:
-        record = self.streams.commit_record(item.stage, item.request)
-        last = -1 if record is None else int(record["step"])
-        if item.step <= last:   # another attempt of this request is ahead of this one
-            raise StreamOvertakenError(
-                f"the stream starts at step {item.step} but another attempt has committed "
-                f"through step {last}; this attempt stops, the request goes on from step {last}")
-        if item.step != last + 1:
-            raise StorageError(
-                f"the stream starts at step {item.step} but the store has committed through step "
-                f"{last}; resume from resume_point() (step {last}) and commit step {last + 1}")
+        """Claim the request for the item's attempt (:meth:`LatentStreams.claim`), then open
+        the array it writes."""
+        claim = self.streams.claim(item.stage, item.request, item.attempt, item.step, {
+            "request": item.request, "stage": item.stage, "num_steps": item.num_steps,
+            "weights_version": item.weights_version, "shape": list(item.latent.shape),
+            "dtype": str(item.latent.dtype), "updated_at": time.time()})
+        record = claim.record
+        last = int(record["step"])
+        record["resumes"] = list(record.get("resumes", [])) + ([last] if last >= 0 else [])
+        # (picked up after an interruption: recorded where)
         arr = self.streams.open_for_write(
             item.stage, item.request, num_steps=item.num_steps, shape=item.latent.shape,
-            dtype=item.latent.dtype, weights_version=item.weights_version, fresh=record is None,
-            labels=item.labels)
-        resumes = list(record.get("resumes", [])) if record else []
-        if last >= 0:
-            resumes.append(last)  # picked up after an interruption: record where
-        self._streams[(item.stage, item.request)] = _Stream(arr, {
-            "request": item.request, "stage": item.stage, "step": last,
-            "num_steps": item.num_steps, "weights_version": item.weights_version,
-            "shape": list(item.latent.shape), "dtype": str(item.latent.dtype),
-            "resumes": resumes, "attempt": uuid.uuid4().hex})
+            dtype=item.latent.dtype, weights_version=item.weights_version, fresh=claim.new_array,
+            labels=item.labels, array=claim.array, group=last < 0)
+        self._streams[(item.stage, item.request)] = _Stream(arr, claim.array, record,
+                                                            claim.version)
 
 
 class _ItemError(Exception):

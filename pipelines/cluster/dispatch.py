@@ -45,6 +45,7 @@ class RequestSpec:
     args: tuple
     stage: str                # run-store stage of its latent stream (iter-K/explore)
     request: str              # its stream name in that stage
+    numbered: bool = False    # fn takes ``attempt=(lease epoch, number)``: its fencing token
 
 
 class NoticeInbox:
@@ -400,8 +401,12 @@ class RequestPool:
 
     def _assign(self, action: Assign) -> None:
         spec = self.specs[action.request]
+        # Each attempt is told its number: its fencing token in the run store.
+        numbered = {"attempt": (0 if self.store is None else self.store.epoch,
+                                action.attempt)} if spec.numbered else {}
         future = self.client.submit(
-            spec.fn, *spec.args, workers=[action.worker], allow_other_workers=False, pure=False,
+            spec.fn, *spec.args, **numbered, workers=[action.worker],
+            allow_other_workers=False, pure=False,
             key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-{uuid.uuid4().hex[:6]}")
         self._attempts[future] = (action.request, action.attempt, action.worker, time.monotonic())
         seen = self._seen_at.pop(action.worker, None)

@@ -147,10 +147,10 @@ class SPGroups:
         """One SP forward of ``inputs`` on ``group``: the whole output."""
         return self.submit(group, executor.forward, inputs)[0].result()
 
-    def submit(self, group: Group, fn, *args):
-        """``fn(group.epoch, *args)`` on every member of ``group`` at once (an SP request);
-        the futures in rank order -- rank 0's holds the result."""
-        return [self.client.submit(fn, group.epoch, *args, workers=[m], pure=False,
+    def submit(self, group: Group, fn, *args, **kwargs):
+        """``fn(group.epoch, *args, **kwargs)`` on every member of ``group`` at once (an SP
+        request); the futures in rank order -- rank 0's holds the result."""
+        return [self.client.submit(fn, group.epoch, *args, **kwargs, workers=[m], pure=False,
                                    allow_other_workers=False) for m in group.members]
 
     # -- actions -----------------------------------------------------------------------------

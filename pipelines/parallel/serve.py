@@ -43,8 +43,11 @@ class GroupServer:
 
     def __init__(self, sp: SPGroups, requests: dict, *,
                  members: Callable[[], list[str]] | None = None,
-                 worker_class: str = "spot") -> None:
+                 worker_class: str = "spot", lease_epoch: int | None = None) -> None:
         self.sp, self.requests, self.worker_class = sp, requests, worker_class
+        # With the driver's lease epoch, every attempt is told its number (``attempt=``, the
+        # run store's fencing token of the request, :mod:`storage.attempts`).
+        self.lease_epoch = lease_epoch
         self.members = members or (lambda: live_workers(sp.client))
         self.dispatcher = Dispatcher()
         self.running: dict = {}   # rank 0's future -> (request, attempt, group, all futures)
@@ -115,7 +118,9 @@ class GroupServer:
             if isinstance(action, Assign):
                 group = self.sp.membership.groups[action.worker]
                 fn, args = self.requests[action.request]
-                futures = self.sp.submit(group, fn, *args)
+                kwargs = {} if self.lease_epoch is None else \
+                    {"attempt": (self.lease_epoch, action.attempt)}
+                futures = self.sp.submit(group, fn, *args, **kwargs)
                 self.running[futures[0]] = (action.request, action.attempt, group.name, futures)
                 self.served.attempts[action.request] = action.attempt
 

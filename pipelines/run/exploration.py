@@ -107,7 +107,8 @@ class Exploration:
         """The dispatch entry of one exploration or audit request."""
         return RequestSpec(request.name, tasks.explore_task,
                            (self.config, self.run.store, request),
-                           tasks.stage_name(request.iteration, request.stage), request.name)
+                           tasks.stage_name(request.iteration, request.stage), request.name,
+                           numbered=True)
 
     def classes(self, stale: bool) -> tuple[str, ...]:
         """Where stale (spotlight) or synchronous exploration runs (``placement.explore``)."""
@@ -126,8 +127,9 @@ class Exploration:
                                on_event=lambda kind, info: run.emit(kind, stage=stage, **info),
                                warm_up=newcomer_warm_up(run.cluster.client, self.config,
                                                         run.store, version))
-        return [run.submit(spec.fn, *spec.args, resource=classes[0], name=stage)
-                for spec in requests]
+        numbered = {"attempt": (run.store.epoch, 1)}   # pushed once: the driver's one attempt
+        return [run.submit(spec.fn, *spec.args, **(numbered if spec.numbered else {}),
+                           resource=classes[0], name=stage) for spec in requests]
 
     def wait_all(self, work, what: str = "exploration", resource: str | None = None) -> None:
         """Wait for every request of ``work``; stops with the run (:meth:`Driver.stop`)."""

@@ -39,6 +39,7 @@ from spotlight.models.prompts import Prompt, world_prompts
 from spotlight.rl.trainer import iteration_prompts
 from spotlight.modes import MODE_NAMES, MODES
 from storage import RunStore
+from storage.attempts import Attempt
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,11 @@ class Harness:
         base = self.validate(0) if base_val_reward is None else float(base_val_reward)
         self.run = HarnessRun(mode, self.config.seed, base)
 
+    @property
+    def attempt(self) -> Attempt:
+        """Every request here runs once, in this process: attempt 1 of this store's driver."""
+        return Attempt(self.store.epoch, 1)
+
     def prompts(self, k: int) -> list[Prompt]:
         grpo = self.config.grpo
         return iteration_prompts(self.train_prompts, k, grpo.prompts_per_iteration,
@@ -153,7 +159,8 @@ class Harness:
         if explore_next and self.stale_exploration:   # θ_k explores k+1 (while θ_k trains)
             self.stale[k + 1] = self.explore_planned(k + 1, k)
         rollout = rollout_task(cfg, self.store, tasks.RolloutRequest(k, prompts,
-                                                                      selection.seeds, k))
+                                                                      selection.seeds, k),
+                               self.attempt)
         scored = tasks.reward_task(cfg, self.store, rollout, prompts, cfg.grpo.group_size, k)
         adv = tasks.advantages_task(cfg, k, scored["rewards"], k)
         self.pay_planner(k, adv)
@@ -217,7 +224,8 @@ class Harness:
         with θ_version, in the pipeline's requests (one per prompt and
         ``exploration.request_batch`` candidates)."""
         prompts = prompts or self.prompts(iteration)
-        return core.gather([scored(tasks.explore_task(self.config, self.store, request))
+        return core.gather([scored(tasks.explore_task(self.config, self.store, request,
+                                                      self.attempt))
                             for request in explore_requests(self.config, iteration, prompts,
                                                             version, stage, candidates, steps)],
                            len(prompts))
@@ -233,7 +241,7 @@ class Harness:
         steps = core.audit_steps(self.plans.get(k))   # the steps the stale exploration took
         self.audits[k] = core.audit_tau(stale, [scored(tasks.explore_task(
             self.config, self.store, tasks.ExploreRequest(k, p, prompts[p], seeds, 0, k, "audit",
-                                                          steps)))
+                                                          steps), self.attempt))
             for p, seeds in picks])
         return self.audits[k].kendall_tau
 

@@ -19,6 +19,7 @@ whichever backend ran it; reward and training read the trajectory back from the 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ from spotlight.models.prompts import Prompt
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import rollout_chunks, sample_keys
 from spotlight.scheduling.dispatch import Offload
+from storage.attempts import FIRST, Attempt
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,14 @@ class RolloutChunk:
     def rolled_out(self, run: RequestRun, member=None) -> RolledOut:
         """Sample the request and write its log-probabilities (the group's leader alone)."""
         traj = self.sample(run, member)
+        where = run.request
+        file = rollout_store.request_file(self.name, where.attempt)
         if member is None or member.leads:
-            rollout_store.save_request(run.ctx.store, self.streamed.stage, self.name,
+            rollout_store.save_request(run.ctx.store, where.stage, self.name, where.attempt,
                                        traj.log_probs.numpy())
         record = run.record(samples=self.seeds.size, **(
             {} if member is None else {"sp_degree": member.size}))
-        return RolledOut(self.name, run.progress["resumed_from"], record)
+        return RolledOut(self.name, run.progress["resumed_from"], record, file)
 
 
 def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk]:
@@ -87,18 +91,21 @@ def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk
             for c in rollout_chunks(len(request.prompts), config.grpo.request_prompts)]
 
 
-def rollout_task(config, store, request: tasks.RolloutRequest) -> tasks.RolloutOutput:
+def rollout_task(config, store, request: tasks.RolloutRequest,
+                 attempt: Attempt = FIRST) -> tasks.RolloutOutput:
     """The whole rollout on one gpu worker (``placement.rollout: [gpu]``): its requests in
     order, each persisted before it returns, kept in memory for reward and training."""
     start = time.time()
+    attempt = Attempt(*attempt)
     ctx = tasks.context(config, store)
     with ctx.lock:
         ctx.policy_at(request.version).eval()
         trajectories = []
         for chunk in rollout_requests(config, request):
             texts, keys = chunk.inputs(config.seed)
-            traj = sample_streamed(ctx, texts, chunk.seeds, keys, chunk.streamed)
-            rollout_store.save_request(store, chunk.streamed.stage, chunk.name,
+            traj = sample_streamed(ctx, texts, chunk.seeds, keys,
+                                   chunk.streamed.as_attempt(attempt))
+            rollout_store.save_request(store, chunk.streamed.stage, chunk.name, attempt,
                                        traj.log_probs.numpy(), None if config.stream_latents
                                        else traj.latents.numpy())
             trajectories.append(traj)
@@ -114,9 +121,12 @@ def task_record_of(out: tasks.RolloutOutput) -> dict:
     return out.record
 
 
-def rollout_chunk_task(config, store, chunk: RolloutChunk) -> RolledOut | HandedBack:
-    """One pulled request, preemptible at step boundaries (then handed back, committed)."""
-    return run_streamed_request(tasks.context(config, store), chunk.streamed, chunk.rolled_out)
+def rollout_chunk_task(config, store, chunk: RolloutChunk,
+                       attempt: Attempt = FIRST) -> RolledOut | HandedBack:
+    """One attempt of a pulled request, preemptible at step boundaries (then handed back,
+    committed)."""
+    return run_streamed_request(tasks.context(config, store), chunk.streamed.as_attempt(attempt),
+                                chunk.rolled_out)
 
 
 def pulled(classes: tuple[str, ...]) -> bool:
@@ -147,6 +157,7 @@ class RolloutDone:
     records: list[dict]
     result: RolloutResult
     held: Any = None
+    files: dict[str, str] = dataclasses.field(default_factory=dict)   # request -> log-probs
 
 
 class RolloutBackend(Protocol):
@@ -160,15 +171,17 @@ class SingleTask:
         first = chunks[0]
         prompts = [p for c in chunks for p in c.prompts]
         seeds = np.concatenate([c.seeds for c in chunks])
+        attempt = Attempt(ctx.store.epoch, 1)   # one task: the driver's only attempt
         held = ctx.submit(rollout_task, ctx.config, ctx.store,
                           tasks.RolloutRequest(first.iteration, prompts, seeds, first.version),
-                          resource=ctx.on("rollout"), name="rollout")
+                          attempt, resource=ctx.on("rollout"), name="rollout")
         # The record alone comes back: the trajectory stays on its worker for reward.
         # (Dask runs it where that trajectory is, the costliest thing to move.)
         record = ctx.result(ctx.submit(task_record_of, held, resource=ctx.on("rollout"),
                                        name="rollout-record"),
                             f"iteration {first.iteration}'s rollout", ctx.on("rollout"))
-        return RolloutDone([record], RolloutResult(task=record), held)
+        return RolloutDone([record], RolloutResult(task=record), held,
+                           {c.name: rollout_store.request_file(c.name, attempt) for c in chunks})
 
 
 class Pulled:
@@ -180,8 +193,8 @@ class Pulled:
         stage = chunks[0].streamed.stage
         # Spot requests that straggle are re-run on idle on-demand workers (RLBoost's offload).
         on_demand = tuple(c for c in classes if c != "spot") if "spot" in classes else ()
-        specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name)
-                 for c in chunks]
+        specs = [RequestSpec(c.name, rollout_chunk_task, (config, store, c), stage, c.name,
+                             numbered=True) for c in chunks]
         pool = RequestPool(ctx.cluster, specs, config.preemption, store=store,
                            resource=classes, watch_progress=config.stream_latents,
                            cut_off=ctx.standing.cut_off,
@@ -202,7 +215,8 @@ class Pulled:
                                f"add workers of {list(classes)} and resume the run")
         store.put_json(stage, "dispatch", dispatch)
         return RolloutDone([results[c.name].record for c in chunks],
-                           RolloutResult(dispatch=summary))
+                           RolloutResult(dispatch=summary),
+                           files={c.name: results[c.name].log_probs for c in chunks})
 
 
 def finish_rollout(ctx: StageContext, chunks: list[RolloutChunk], seeds: np.ndarray,
@@ -211,6 +225,6 @@ def finish_rollout(ctx: StageContext, chunks: list[RolloutChunk], seeds: np.ndar
     whichever backend ran it. Returns the requests' task records."""
     iteration = chunks[0].iteration
     rollout_store.write_index(ctx.store, chunks[0].streamed.stage, [c.name for c in chunks],
-                              seeds)
+                              [done.files[c.name] for c in chunks], seeds)
     ctx.log.record(iteration, Stage.ROLLOUT, done.result)
     return done.records

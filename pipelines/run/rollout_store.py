@@ -2,10 +2,12 @@
 
 Each rollout request is written by the worker that computed it: its latents stream to
 ``iter-K/rollout.zarr/latents/<request>`` as it samples, and its log-probabilities go to
-``iter-K/rollout/request-<request>.npz`` when it finishes (with its latents too when latents are
-not streamed). ``rollout.npz`` is the stage's index -- the requests in order and the seeds --
-written once by :func:`pipelines.run.rollout.finish_rollout` when every request is in: only
-names travel through the driver, never trajectories.
+``iter-K/rollout/request-<request>-<attempt>.npz`` when it finishes (with its latents too when
+latents are not streamed). Each attempt writes its own file, so a stale attempt that finishes
+late never replaces the accepted one's. ``rollout.npz`` is the stage's index -- the requests in
+order, the file of each request's accepted attempt, and the seeds -- written once by
+:func:`pipelines.run.rollout.finish_rollout` when every request is in: only names travel through
+the driver, never trajectories.
 
 Runs written before this layout kept everything in ``rollout.npz`` (log-probabilities, and
 latents when not streamed); :func:`read_rollout` reads them as they are, so they still resume.
@@ -15,21 +17,33 @@ from __future__ import annotations
 import numpy as np
 
 from storage import RunStore
+from storage.attempts import Attempt
 
 ROLLOUT_REQUEST = "batch"   # runs before grpo.request_prompts streamed one request, the whole batch
 
 
-def save_request(store: RunStore, stage: str, request: str, log_probs: np.ndarray,
-                 latents: np.ndarray | None = None) -> None:
-    """One finished request's log-probabilities (and latents, when not streamed)."""
+def request_file(request: str, attempt: Attempt) -> str:
+    """The object an attempt of a request writes its log-probabilities to."""
+    return f"request-{request}-{attempt.key}"
+
+
+def save_request(store: RunStore, stage: str, request: str, attempt: Attempt,
+                 log_probs: np.ndarray, latents: np.ndarray | None = None) -> str:
+    """One finished attempt's log-probabilities (and latents, when not streamed); the name
+    of the object they are in."""
     arrays = {"log_probs": log_probs} if latents is None else \
         {"log_probs": log_probs, "latents": latents}
-    store.put_arrays(stage, f"request-{request}", arrays)
+    name = request_file(request, attempt)
+    store.put_arrays(stage, name, arrays)
+    return name
 
 
-def write_index(store: RunStore, stage: str, requests: list[str], seeds: np.ndarray) -> None:
-    """The stage's index: every request is in the store by now."""
+def write_index(store: RunStore, stage: str, requests: list[str], files: list[str],
+                seeds: np.ndarray) -> None:
+    """The stage's index: every request is in the store by now, each in ``files`` (its
+    accepted attempt's)."""
     store.put_arrays(stage, "rollout", {"requests": np.asarray(requests, dtype=str),
+                                        "files": np.asarray(files, dtype=str),
                                         "seeds": np.asarray(seeds)})
 
 
@@ -42,7 +56,9 @@ def read_rollout(store: RunStore, stage: str) -> tuple[np.ndarray, np.ndarray]:
         log_probs, latents = index["log_probs"], index.get("latents")
     else:
         names = [str(n) for n in index["requests"]]
-        parts = [store.get_arrays(stage, f"request-{n}") for n in names]
+        files = [str(f) for f in index["files"]] if "files" in index else \
+            [f"request-{n}" for n in names]   # before attempts had their own files
+        parts = [store.get_arrays(stage, f) for f in files]
         log_probs = np.concatenate([p["log_probs"] for p in parts])
         latents = np.concatenate([p["latents"] for p in parts]) if "latents" in parts[0] \
             else None

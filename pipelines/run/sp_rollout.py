@@ -33,9 +33,11 @@ from pipelines.run.stages import RolloutResult
 from pipelines.run.streamed import RolledOut, run_streamed_request
 from spotlight.config import rollout_sp_degree
 from spotlight.parallel import ulysses
+from storage.attempts import FIRST, Attempt
 
 
-def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> RolledOut | None:
+def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk,
+                            attempt: Attempt = FIRST) -> RolledOut | None:
     """One member's part of an SP rollout request; rank 0 returns the request's
     log-probabilities and record (the latents are in the run store)."""
     import torch.distributed as dist
@@ -49,7 +51,7 @@ def sp_rollout_request_task(epoch: int, config, store, chunk: RolloutChunk) -> R
         stack.enter_context(ulysses.sequence_parallel(policy.transformer, dist.group.WORLD))
         return stack
 
-    out = run_streamed_request(tasks.context(config, store), chunk.streamed,
+    out = run_streamed_request(tasks.context(config, store), chunk.streamed.as_attempt(attempt),
                                lambda run: chunk.rolled_out(run, member), around=sequence_parallel)
     return out if member.leads else None
 
@@ -105,7 +107,7 @@ class SPGroupsBackend:
         server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
                                       for c in chunks},
                              members=lambda: sorted(class_workers(client, classes)),
-                             worker_class=classes[0])
+                             worker_class=classes[0], lease_epoch=store.epoch)
         gpu = Absence(ctx.cluster, config.placed("train")[0], config.cluster.worker_wait_s,
                       "the SP rollout")
         served = server.run(on_tick=partial(_check, ctx, gpu))
@@ -118,7 +120,8 @@ class SPGroupsBackend:
         ctx.emit("sp_rollout", iteration=iteration,
                  **{k: summary[k] for k in ("requests", "losses", "attempts")})
         return RolloutDone([served.results[c.name].record for c in chunks],
-                           RolloutResult(sp=summary))
+                           RolloutResult(sp=summary),
+                           files={c.name: served.results[c.name].log_probs for c in chunks})
 
 
 def _check(ctx: StageContext, gpu: Absence, server: GroupServer) -> None:

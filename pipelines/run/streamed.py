@@ -15,6 +15,7 @@ loop. Attempt fencing (one writer per request) belongs here, once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_
                                   transition_distribution)
 from spotlight.rl.sde import gaussian_log_prob
 from storage import RunStore
+from storage.attempts import FIRST, Attempt
 from storage.latents import Labels
 
 T = TypeVar("T")
@@ -63,22 +65,30 @@ class Explored:
 @dataclass(frozen=True)
 class RolledOut:
     """A finished rollout request (its latents and log-probabilities are in the run store):
-    the step its last attempt resumed from, and its record."""
+    the step its last attempt resumed from, its record and the object its log-probabilities
+    are in (each attempt writes its own)."""
 
     request: str
     resumed_from: int
     record: dict
+    log_probs: str = ""
 
 
 @dataclass(frozen=True)
 class StreamedRequest:
-    """One request of stage ``kind`` (``explore``, ``rollout``, ...) of ``iteration``: its name
-    in the stage and the weights version it samples with."""
+    """One attempt of a request of stage ``kind`` (``explore``, ``rollout``, ...) of
+    ``iteration``: its name in the stage, the weights version it samples with and the attempt
+    number the driver gave it (its fencing token in the run store, :mod:`storage.attempts`)."""
 
     name: str
     version: int
     kind: str
     iteration: int
+    attempt: Attempt = FIRST
+
+    def as_attempt(self, attempt) -> "StreamedRequest":
+        """This request as ``attempt`` (an :class:`Attempt` or its pair, as Dask sends it)."""
+        return dataclasses.replace(self, attempt=Attempt(*attempt))
 
     @property
     def stage(self) -> str:
@@ -101,7 +111,7 @@ class RequestRun:
     def record(self, **info: Any) -> dict:
         r = self.request
         return task_record(r.kind, r.iteration, self.start, r.version, request=r.name,
-                           **info, **self.progress)
+                           attempt=r.attempt.key, **info, **self.progress)
 
     def sample(self, prompts: list[str], seeds: np.ndarray, keys, num_steps: int | None = None,
                member=None) -> Trajectory:
@@ -167,7 +177,7 @@ def sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, k
             if sink is None:
                 return
             sink.commit(name, step, x.numpy(), num_steps=steps, weights_version=version,
-                        labels=labels)
+                        labels=labels, attempt=request.attempt)
             if progress is not None and step > 0:
                 progress["last_step_at"] = time.time()
                 if progress["first_step_at"] is None:

@@ -31,6 +31,7 @@ from spotlight.rl.sampler import Trajectory, schedule_of, step_grid, trainable_s
 from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
+from storage.attempts import FIRST, Attempt
 
 
 
@@ -255,13 +256,14 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
                         task_record("checkpoint", iteration, start, version + 1)]}
 
 
-def explore_task(config: RunConfig, store: RunStore,
-                 request: ExploreRequest) -> Explored | HandedBack:
+def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest,
+                 attempt: Attempt = FIRST) -> Explored | HandedBack:
     """Score candidate seeds of one prompt by replaying the rollout's SDE sampler (see
-    :class:`ExploreRequest`). One call is one request of fixed batch shape."""
+    :class:`ExploreRequest`). One call is one attempt of one request of fixed batch shape."""
     steps = request.steps or config.exploration.steps or config.sampler.num_steps
     seeds, prompt = np.asarray(request.seeds), request.prompt
-    where = StreamedRequest(request.name, request.version, request.stage, request.iteration)
+    where = StreamedRequest(request.name, request.version, request.stage, request.iteration,
+                            Attempt(*attempt))
 
     def score(run: RequestRun) -> Explored:
         keys = sample_keys(config.seed, [prompt], seeds[None, :])

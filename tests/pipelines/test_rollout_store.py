@@ -7,6 +7,7 @@ import pytest
 
 from pipelines.run import rollout_store
 from storage import NotCommittedError, RunStore
+from storage.attempts import FIRST, Attempt
 
 STAGE = "iter-2/rollout"
 STEPS, BATCH, TOKENS, CHANNELS = 4, 3, 5, 2
@@ -29,10 +30,12 @@ def test_streamed_requests_read_back_in_the_index_order_not_the_listing_order(tm
     store = RunStore.open(str(tmp_path / "run"))
     # Written in any order by their workers; the index says the rollout's order.
     parts = {name: request_data(seed) for seed, name in enumerate(["p0004", "p0000"])}
+    files = {}
     for name, (log_probs, latents) in parts.items():
         stream(store, name, latents)
-        rollout_store.save_request(store, STAGE, name, log_probs)
-    rollout_store.write_index(store, STAGE, ["p0004", "p0000"], np.arange(12).reshape(6, 2))
+        files[name] = rollout_store.save_request(store, STAGE, name, FIRST, log_probs)
+    rollout_store.write_index(store, STAGE, ["p0004", "p0000"], [files["p0004"], files["p0000"]],
+                              np.arange(12).reshape(6, 2))
 
     log_probs, latents = rollout_store.read_rollout(store, STAGE)
     np.testing.assert_array_equal(
@@ -49,8 +52,8 @@ def test_unstreamed_latents_come_from_the_requests_own_files(tmp_path):
     store = RunStore.open(str(tmp_path / "run"))
     log_probs, latents = request_data(0)
     batch_first = latents.swapaxes(0, 1)
-    rollout_store.save_request(store, STAGE, "p0000", log_probs, batch_first)
-    rollout_store.write_index(store, STAGE, ["p0000"], np.zeros((3, 1)))
+    file = rollout_store.save_request(store, STAGE, "p0000", FIRST, log_probs, batch_first)
+    rollout_store.write_index(store, STAGE, ["p0000"], [file], np.zeros((3, 1)))
     got = rollout_store.read_rollout(store, STAGE)
     np.testing.assert_array_equal(got[0], log_probs)
     np.testing.assert_array_equal(got[1], batch_first)
@@ -80,7 +83,35 @@ def test_a_run_in_the_earlier_layout_still_reads(tmp_path):
 def test_a_request_the_index_names_but_the_store_lacks_is_a_clear_error(tmp_path):
     store = RunStore.open(str(tmp_path / "run"))
     log_probs, latents = request_data(0)
-    rollout_store.save_request(store, STAGE, "p0000", log_probs, latents.swapaxes(0, 1))
-    rollout_store.write_index(store, STAGE, ["p0000", "p0002"], np.zeros((6, 1)))
+    file = rollout_store.save_request(store, STAGE, "p0000", FIRST, log_probs,
+                                      latents.swapaxes(0, 1))
+    rollout_store.write_index(store, STAGE, ["p0000", "p0002"],
+                              [file, rollout_store.request_file("p0002", FIRST)], np.zeros((6, 1)))
     with pytest.raises(NotCommittedError, match="request-p0002"):
         rollout_store.read_rollout(store, STAGE)
+
+
+def test_a_stale_attempt_finishing_late_never_replaces_the_accepted_log_probs(tmp_path):
+    """Attempt 2 (the twin) is accepted; attempt 1 (cut off, still computing on different
+    kernels) writes its log-probabilities afterwards. The rollout reads attempt 2's."""
+    store = RunStore.open(str(tmp_path / "run"))
+    log_probs, latents = request_data(0)
+    accepted = rollout_store.save_request(store, STAGE, "p0000", Attempt(1, 2), log_probs,
+                                          latents.swapaxes(0, 1))
+    rollout_store.write_index(store, STAGE, ["p0000"], [accepted], np.zeros((3, 1)))
+    rollout_store.save_request(store, STAGE, "p0000", Attempt(1, 1), log_probs + 1.0,
+                               latents.swapaxes(0, 1) + 1.0)
+    got = rollout_store.read_rollout(store, STAGE)
+    np.testing.assert_array_equal(got[0], log_probs)
+    np.testing.assert_array_equal(got[1], latents.swapaxes(0, 1))
+
+
+def test_an_index_without_files_reads_the_requests_unscoped_files(tmp_path):
+    """Runs written before attempts had their own files: ``request-<name>``."""
+    store = RunStore.open(str(tmp_path / "run"))
+    log_probs, latents = request_data(2)
+    store.put_arrays(STAGE, "request-p0000", {"log_probs": log_probs,
+                                              "latents": latents.swapaxes(0, 1)})
+    store.put_arrays(STAGE, "rollout", {"requests": np.asarray(["p0000"]),
+                                        "seeds": np.zeros((3, 1))})
+    np.testing.assert_array_equal(rollout_store.read_rollout(store, STAGE)[0], log_probs)

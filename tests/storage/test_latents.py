@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 
+from storage.attempts import FIRST, Attempt
 from storage import (CorruptObjectError, NotCommittedError, ResumePoint, RunStore,
                      SinkClosedError, StorageError, StreamOvertakenError)
 
@@ -23,16 +24,18 @@ def initial_noise(seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 10**6]).standard_normal(SHAPE).astype(np.float32)
 
 
-def run_request(sink, request: str, seed: int, num_steps: int, *, start=None, stop=None):
+def run_request(sink, request: str, seed: int, num_steps: int, *, start=None, stop=None,
+                attempt=FIRST):
     """Sample a request from scratch or from a resume point, committing every step."""
     if start is None:
         step, latent = 0, initial_noise(seed)
-        sink.commit(request, 0, latent, num_steps=num_steps, weights_version=3)
+        sink.commit(request, 0, latent, num_steps=num_steps, weights_version=3, attempt=attempt)
     else:
         step, latent = start.step, start.latent
     for t in range(step, num_steps if stop is None else stop):
         latent = toy_step(latent, seed, t)
-        sink.commit(request, t + 1, latent, num_steps=num_steps, weights_version=3)
+        sink.commit(request, t + 1, latent, num_steps=num_steps, weights_version=3,
+                    attempt=attempt)
     return latent
 
 
@@ -102,12 +105,12 @@ def test_an_attempt_overtaken_by_its_twin_stops_and_leaves_the_twins_steps(store
         run_request(sink, "r", seed=5, num_steps=8, stop=3)
     point = store.resume_point(STAGE, "r")
     with store.latent_sink(STAGE) as sink:
-        run_request(sink, "r", seed=5, num_steps=8, start=point, stop=6)
+        run_request(sink, "r", seed=5, num_steps=8, start=point, stop=6, attempt=Attempt(0, 2))
     ahead = store.resume_point(STAGE, "r")
     late = store.latent_sink(STAGE)
-    with pytest.raises(StreamOvertakenError, match="another attempt has committed through "
-                                                   "step 6"):
-        run_request(late, "r", seed=5, num_steps=8, start=point)
+    with pytest.raises(StreamOvertakenError, match=r"another attempt owns .* \(committed "
+                                                   r"through step 6\); attempt e0a3 would start"):
+        run_request(late, "r", seed=5, num_steps=8, start=point, attempt=Attempt(0, 3))
         late.flush()
     late.close(raise_errors=False)
     after = store.resume_point(STAGE, "r")
@@ -126,10 +129,11 @@ def test_a_twin_behind_never_moves_the_marker_back(store_config):
     slow.flush()
     latent = store.resume_point(STAGE, "r").latent
     with store.latent_sink(STAGE) as fast:
-        run_request(fast, "r", seed=5, num_steps=8, start=store.resume_point(STAGE, "r"))
+        run_request(fast, "r", seed=5, num_steps=8, start=store.resume_point(STAGE, "r"),
+                    attempt=Attempt(0, 2))
     slow.commit("r", 5, toy_step(latent, 5, 4), num_steps=8, weights_version=3)
-    with pytest.raises(StreamOvertakenError, match="committed through step 8 while this one "
-                                                   "was at step 5"):
+    with pytest.raises(StreamOvertakenError, match=r"attempt e0a2 took .* over \(committed "
+                                                   r"through step 8\); attempt e0a1 stops at step 5"):
         slow.flush()
     slow.close(raise_errors=False)
     assert store.latents.committed_step(STAGE, "r") == 8
@@ -306,9 +310,10 @@ def _count_markers(monkeypatch, store) -> list:
     written: list = []
     real = store.latents.write_commit
 
-    def counting(stage, request, record):
-        real(stage, request, record)
+    def counting(stage, request, record, version=None):
+        new = real(stage, request, record, version)
         written.append(record["step"])
+        return new
 
     monkeypatch.setattr(store.latents, "write_commit", counting)
     return written
