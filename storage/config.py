@@ -63,6 +63,13 @@ class StorageConfig:
     max_backoff_s: float = 5.0
     """Upper bound of a single retry delay."""
 
+    patience_s: float = 60.0
+    """How long a transient storage error is retried before the run stops with a clear error
+    (at least ``retries`` times): an object store whose host is cut off or restarting for less
+    than this costs a pause, not the run. What was committed before stays either way, and the
+    run resumes from it. (A driver whose lease renewal is still failing when its lease expires,
+    ``lease_ttl_s`` after the last renewal, stops as fenced, whatever the patience.)"""
+
     connect_timeout_s: float = 5.0
     """S3 connect timeout of one attempt."""
 
@@ -99,6 +106,7 @@ class StorageConfig:
         _check_int("retries", self.retries, 0, 100)
         _check_float("backoff_s", self.backoff_s, 0.0, 600.0)
         _check_float("max_backoff_s", self.max_backoff_s, 0.0, 3600.0)
+        _check_float("patience_s", self.patience_s, 0.0, 86400.0)
         _check_float("connect_timeout_s", self.connect_timeout_s, 0.01, 600.0)
         _check_float("read_timeout_s", self.read_timeout_s, 0.01, 3600.0)
         _check_float("lease_ttl_s", self.lease_ttl_s, 0.1, 86400.0)

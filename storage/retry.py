@@ -97,6 +97,10 @@ class RetryPolicy:
     """First delay; doubled at each further retry."""
     max_backoff_s: float = 5.0
     """Cap of one delay."""
+    patience_s: float = 0.0
+    """Keep retrying for at least this long after the first failure, whatever ``retries``
+    says: an object store that is away for a while (its host cut off, restarted) is waited
+    for, not given up on."""
 
     def delay(self, attempt: int) -> float:
         """Delay before retry number ``attempt`` (1-based), with +-25% jitter."""
@@ -126,16 +130,23 @@ def call_with_retry(fn: Callable[[], T], *, what: str, url: str, policy: RetryPo
                 raise
             attempt += 1
             reason = scrub(f"{type(exc).__name__}: {exc}")
-            if attempt > policy.retries:
+            waited = time.monotonic() - start
+            if attempt > policy.retries and waited >= policy.patience_s:
                 where = f" at endpoint {endpoint}" if endpoint else ""
                 err = StorageUnavailableError(
                     f"could not {what} {url}{where}: gave up after {attempt} attempts in "
-                    f"{time.monotonic() - start:.1f}s; last error: {reason}. Check that the "
-                    "storage service is running and reachable; data committed before this "
-                    "error is intact.")
+                    f"{waited:.1f}s (patience {policy.patience_s:g}s); last error: {reason}. "
+                    "Check that the storage service is running and reachable; data committed "
+                    "before this error is intact.")
                 err.attempts, err.reason = attempt, reason
                 raise err from exc
             delay = policy.delay(attempt)
-            log.warning("storage: %s %s failed (%s); retry %d/%d in %.2fs", what, url, reason,
-                        attempt, policy.retries, delay)
+            if attempt <= policy.retries:
+                log.warning("storage: %s %s failed (%s); retry %d/%d in %.2fs", what, url,
+                            reason, attempt, policy.retries, delay)
+            else:   # waiting on patience: never sleep far past it
+                delay = min(delay, max(policy.patience_s - waited, 0.0) + policy.backoff_s)
+                log.warning("storage: %s %s still failing after %.0fs (%s); patience %gs, "
+                            "next try in %.2fs", what, url, waited, reason, policy.patience_s,
+                            delay)
             time.sleep(delay)

@@ -7,6 +7,7 @@ an unreachable or misconfigured store fails before any work, naming the URL and 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -210,7 +211,7 @@ def s3_options(config: StorageConfig) -> tuple[dict, str | None]:
 
 def open_location(config: StorageConfig) -> RunLocation:
     """Resolve ``config.url`` to a :class:`RunLocation` (no I/O)."""
-    policy = RetryPolicy(config.retries, config.backoff_s, config.max_backoff_s)
+    policy = RetryPolicy(config.retries, config.backoff_s, config.max_backoff_s, config.patience_s)
     url = config.url
     scheme = config.scheme
     if scheme == "file":
@@ -259,8 +260,10 @@ def check_reachable(loc: RunLocation, *, create_bucket: bool = False, create: bo
                 raise
             _create_bucket(loc, bucket)
 
-    try:
-        loc.retry(head_bucket, "reach the bucket of")
+    try:   # first contact: a wrong endpoint fails fast, whatever the patience for outages
+        call_with_retry(head_bucket, what="reach the bucket of", url=loc.url,
+                        policy=dataclasses.replace(loc.policy, patience_s=0.0),
+                        endpoint=loc.endpoint_url)
     except FileNotFoundError as exc:
         raise StorageUnavailableError(
             f"bucket {where} does not exist; create it or set StorageConfig.create_bucket=True "

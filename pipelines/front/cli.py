@@ -74,7 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                              "(without --resume), or leave those options out; --iterations "
                              "and --scheduler are allowed with --resume")
         session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress,
-                                 takeover=args.takeover or args.force, force=args.force)
+                                 takeover=args.takeover or args.force, force=args.force,
+                                 **_store_options(args))
     else:
         if args.takeover or args.force:
             raise UsageError("--takeover and --force take over a stored run: use them with "
@@ -86,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             overrides["iterations"] = args.iterations
         overrides.update(_preemption_overrides(args))
         session = Session.from_config(config_path(args), store=args.store, overrides=overrides,
-                                      mode=args.mode, on_event=progress, progress=True)
+                                      mode=args.mode, on_event=progress, progress=True,
+                                      store_options=_store_options(args))
     RUNNING["url"] = session.url
     with session:
         print(f"run: {session.url}  mode: {session.mode}")
@@ -164,13 +166,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.time_scale is not None:
         options["time_scale"] = args.time_scale
     if args.scenarios is not None:
-        if args.name != "preemption":
-            print("error: --scenarios applies to 'bench preemption' only", file=sys.stderr)
+        if args.name not in ("preemption", "faults"):
+            print("error: --scenarios applies to 'bench preemption' and 'bench faults' only",
+                  file=sys.stderr)
             return 2
         options["scenarios"] = [name.strip() for name in args.scenarios.split(",") if name.strip()]
-    if args.set and args.name not in ("convergence", "overhead", "preemption", "simulate"):
-        print("error: --set applies to 'bench convergence', 'overhead', 'preemption' and "
-              "'simulate'; the other benchmarks measure their documented settings",
+    if args.set and args.name not in ("convergence", "faults", "overhead", "preemption",
+                                      "simulate"):
+        print("error: --set applies to 'bench convergence', 'faults', 'overhead', 'preemption' "
+              "and 'simulate'; the other benchmarks measure their documented settings",
               file=sys.stderr)
         return 2
     if args.run:
@@ -245,6 +249,16 @@ def _dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_options(args: argparse.Namespace) -> dict:
+    """Run-store settings from the command line (the rest come from the URL)."""
+    if args.store_patience is None:
+        return {}
+    if args.store_patience < 0:
+        raise UsageError(f"--store-patience {args.store_patience:g}: a number of seconds >= 0 "
+                         "is expected (0: give up after the store's retries)")
+    return {"patience_s": args.store_patience}
+
+
 def _add_run(p: argparse.ArgumentParser) -> None:
     _with_config(p)
     p.add_argument("--dry-run", action="store_true",
@@ -258,6 +272,10 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                         "exactly as stored: only --iterations (extend or shorten it) and "
                         "--scheduler (another cluster) may go with it; --config, --set, --mode, "
                         "--store and --preempt-* are refused")
+    p.add_argument("--store-patience", type=float, default=None, metavar="SECONDS",
+                   help="how long the driver and its workers retry a run store that is away "
+                        "(its host cut off, restarting) before the run stops, resumable "
+                        "(default 60)")
     p.add_argument("--takeover", action="store_true",
                    help="with --resume: take the run's lease from a driver that is gone (its "
                         "lease expired unreleased: a crash or a cut-off host); that driver's "
@@ -322,7 +340,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                         "8 s apart)")
     p.add_argument("--scenarios", default=None, metavar="S1,S2",
                    help="preemption: the scenarios to run, of main (clean and chaos), balance "
-                        "and sp (default: all; --quick: main)")
+                        "and sp (default: all; --quick: main); faults: of partition, zombie, "
+                        "dual_driver, store_outage, driver_loss, scheduler_loss (default: all)")
     p.set_defaults(func=cmd_bench)
 
 

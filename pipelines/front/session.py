@@ -74,7 +74,8 @@ class Session:
     @classmethod
     def from_config(cls, path: str | Path | RunConfig, client: Any = None, store: str | RunStore | None = None,
                     *, overrides: dict | None = None, mode: str | None = None,
-                    on_event: EventFn | None = None, progress: bool = False) -> "Session":
+                    on_event: EventFn | None = None, progress: bool = False,
+                    store_options: dict | None = None) -> "Session":
         """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an embedded one."""
         if isinstance(path, RunConfig):
             config = path.with_values(overrides) if overrides else path
@@ -102,7 +103,8 @@ class Session:
         try:
             base = base_policy(config, progress=progress)   # digits: pretrained, cached
             build_reward(config.reward)            # warm the recogniser cache once, here
-            run_store = url if isinstance(url, RunStore) else RunStore.open(url, writer=True)
+            run_store = url if isinstance(url, RunStore) else \
+                RunStore.open(url, writer=True, **(store_options or {}))
             lease = take_lease(run_store)
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)

@@ -55,7 +55,7 @@ class MotoS3:
         fields = dict(url=f"s3://{BUCKET}/{prefix}", endpoint_url=self.endpoint, key=TEST_KEY,
                       secret=TEST_SECRET, region="us-east-1", create_bucket=True, retries=2,
                       backoff_s=0.05, max_backoff_s=0.2, connect_timeout_s=2.0,
-                      read_timeout_s=10.0)
+                      read_timeout_s=10.0, patience_s=0.0)
         fields.update(overrides)
         return StorageConfig(**fields)
 

@@ -141,3 +141,60 @@ def test_permission_denied_is_raised_at_once():
         call_with_retry(write, what="write manifest of", url="file:///runs/r1",
                         policy=RetryPolicy(retries=4, backoff_s=0.01))
     assert len(calls) == 1
+
+
+def test_a_store_away_for_less_than_the_patience_costs_a_pause_not_the_run(own_moto_s3):
+    """The S3 server is down for about 3 s while a request streams (its host cut off, say).
+    With patience 30 s the sink waits it out past its 2 counted retries: every step lands,
+    nothing is lost, and the writes made during the outage are readable afterwards."""
+    import threading
+    import time
+
+    s3 = own_moto_s3
+    store = RunStore.open(s3.config(retries=2, backoff_s=0.05, max_backoff_s=0.5,
+                                    connect_timeout_s=1.0, patience_s=30.0))
+    rng = np.random.default_rng(1)
+    lats = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(8)]
+    with store.latent_sink(STAGE) as sink:
+        for t in range(3):
+            sink.commit("r0", t, lats[t], num_steps=7, weights_version=2)
+        sink.flush()
+        s3.stop()
+        back = threading.Timer(3.0, s3.restart)
+        back.start()
+        down_at = time.monotonic()
+        for t in range(3, 8):
+            sink.commit("r0", t, lats[t], num_steps=7, weights_version=2)
+        sink.flush()
+        waited = time.monotonic() - down_at
+        back.join()
+    assert waited >= 2.5   # it did wait for the store (the server was down that long)
+    np.testing.assert_array_equal(store.read_trajectory(STAGE, "r0"), np.stack(lats))
+    assert store.latents.commit_record(STAGE, "r0")["step"] == 7
+
+
+def test_patience_retries_past_the_count_and_names_itself_when_it_runs_out():
+    import time
+
+    from storage.retry import RetryPolicy, call_with_retry
+
+    calls, start = [], time.monotonic()
+
+    def flaky():
+        calls.append(time.monotonic() - start)
+        if calls[-1] < 0.3:
+            raise ConnectionResetError("the store's host is away")
+        return "ok"
+
+    policy = RetryPolicy(retries=1, backoff_s=0.02, max_backoff_s=0.05, patience_s=5.0)
+    assert call_with_retry(flaky, what="read", url="s3://b/run/x", policy=policy) == "ok"
+    assert len(calls) > 2   # more tries than the one counted retry
+
+    def down():
+        raise ConnectionResetError("the store's host is away")
+
+    with pytest.raises(StorageUnavailableError, match=r"gave up after \d+ attempts in "
+                                                      r"0\.\ds \(patience 0\.2s\)"):
+        call_with_retry(down, what="read", url="s3://b/run/x",
+                        policy=RetryPolicy(retries=1, backoff_s=0.02, max_backoff_s=0.05,
+                                           patience_s=0.2))
