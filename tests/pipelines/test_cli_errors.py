@@ -65,6 +65,8 @@ CASES = {
     "resume-with-set": (lambda r: ["run", "--resume", str(r / "no-such-run"), "--set",
                                    "grpo.lr=1e-4"], 2, "--set would change it"),
     "audit-missing": (lambda r: ["audit", str(r / "no-such-run")], 3, "no Spotlight run"),
+    "negative-patience": (lambda r: ["run", "--config", "tiny.yaml", "--store-patience", "-5"],
+                          2, "--store-patience -5: a number of seconds >= 0"),
 }
 
 
