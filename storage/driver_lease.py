@@ -24,6 +24,7 @@ from .urls import RunLocation
 
 log = logging.getLogger(__name__)
 _RACES = 5   # drivers acquiring at the same instant: re-read and decide again this often
+_LOOK_EVERY_S = 1.0   # how often the renewing thread reads the stored lease between renewals
 
 
 class DriverLease:
@@ -138,9 +139,17 @@ class DriverLease:
                             "needs --takeover once it expires", self.location.url, exc)
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
+        # Renewed every third of the TTL; looked at (one read) every second in between, so a
+        # takeover stops this driver within about a second, not at its next renewal.
+        renew_every = self.ttl_s / 3
+        renewed = time.monotonic()
+        while not self._stop.wait(min(_LOOK_EVERY_S, renew_every)):
             try:
-                self.renew()
+                if time.monotonic() - renewed >= renew_every:
+                    self.renew()
+                    renewed = time.monotonic()
+                else:
+                    self.verify()
             except DriverFenced:
                 return
             except (StorageError, OSError) as exc:   # the store is away: keep trying till expiry

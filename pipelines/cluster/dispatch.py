@@ -22,7 +22,7 @@ from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
 from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch_events import event_record
-from spotlight.scheduling.liveness import Liveness, ProgressWatch
+from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
 from spotlight.scheduling.dispatch import (AttemptOvertaken, Assign, Cancel, Dispatcher, GaveUp,
                                            Ignored, Offload, NoticeReceived, RequestDone, RequestPreempted,
                                            RequestProgressed, RequestState, RequestsSubmitted,
@@ -33,7 +33,10 @@ EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
 _WORKERS_EVERY_S = 0.25
 _FETCH_TIMEOUT_S = 30.0  # a finished attempt's result is a small record; longer means it is gone
-_LIVENESS_EVERY_S = 2.0  # how often running requests' committed steps are read from the store
+_LIVENESS_EVERY_S = 2.0
+# A cut-off worker rejoins once the scheduler heard from it this long after it was cut off
+# (clock skew between the scheduler's host and the driver's).
+_REJOIN_GRACE_S = 5.0  # how often running requests' committed steps are read from the store
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class RequestPool:
                  *, store=None, resource: str | tuple[str, ...] = SPOT,
                  offload: Offload | None = None, on_event: EventFn | None = None,
                  warm_up: Callable[[str], Any] | None = None, watch_progress: bool = True,
-                 cut_off: set[str] | None = None) -> None:
+                 cut_off: CutOffs | None = None) -> None:
         self.cluster, self.client, self.config = cluster, cluster.client, config
         self.resources = (resource,) if isinstance(resource, str) else tuple(resource)
         self.store, self.resource = store, "/".join(self.resources)
@@ -110,7 +113,7 @@ class RequestPool:
         # (``watch_progress``: the requests commit their steps to ``store`` as they go.)
         self._watch = ProgressWatch(liveness_of(config)) if watch_progress and \
             store is not None and config.liveness_steps > 0 else None
-        self._cut_off: set[str] = set() if cut_off is None else cut_off   # shared by the run
+        self._cut_off = CutOffs() if cut_off is None else cut_off   # shared by the run
         self._starting = True
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
@@ -202,6 +205,11 @@ class RequestPool:
 
     def _sync_workers(self) -> None:
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        for addr in sorted(set(self._cut_off.at) & set(workers)):   # a partition healed
+            if self._cut_off.may_rejoin(addr, workers[addr].get("last_seen", 0.0), _REJOIN_GRACE_S):
+                name = str(workers[addr].get("name", addr))
+                self._note("rejoined", worker=name)
+                self.on_event("dispatch", {"what": "rejoined", "worker": name})
         now = {addr: info for addr, info in workers.items()
                if _worker_class(info, self.resources) is not None
                and info.get("status", "running") == "running" and addr not in self._cut_off}
@@ -264,7 +272,7 @@ class RequestPool:
                        deadline_s=round(self._watch.deadline_s(), 1))
             self.on_event("dispatch", {"what": "silent", "worker": self._addresses[addr],
                                        "silent_s": quiet})
-            self._cut_off.add(addr)
+            self._cut_off.cut(addr, time.time())
             self._lose(addr)
 
     def _report_progress(self, addr: str) -> None:

@@ -17,6 +17,7 @@ from pipelines.parallel.training import TrainingGroup
 from pipelines.run.stage_log import StageLog
 from spotlight.config import RunConfig
 from spotlight.models.prompts import Prompt
+from spotlight.scheduling.liveness import CutOffs
 from storage import RunStore
 
 
@@ -27,8 +28,8 @@ class Standing:
     sp_groups: SPGroups | None = None               # the SP rollout's executor groups
     training_group: TrainingGroup | None = None     # the data-parallel training communicator
     # Workers whose requests fell silent (cut off by a partition): no pool gives them work
-    # again while the scheduler still lists them under that address.
-    cut_off: set[str] = field(default_factory=set)
+    # until the scheduler hears from them again (once per run).
+    cut_off: CutOffs = field(default_factory=CutOffs)
 
 
 class RunContext(Protocol):

@@ -82,3 +82,34 @@ class ProgressWatch:
         for request in gone:
             del self.running[request]
         return gone
+
+
+@dataclass
+class CutOffs:
+    """Workers cut off for silence, shared by a run's pools: when each was cut off, and which
+    came back once already.
+
+    A partition heals: the scheduler hears from the worker again (its ``last_seen`` moves past
+    the moment it was cut off) and it may rejoin, once. A worker cut off again after that (it
+    reaches the scheduler but not the store, say) stays out for the run rather than cost a
+    liveness deadline per request."""
+
+    at: dict[str, float] = field(default_factory=dict)   # worker -> when it was cut off
+    rejoined: set[str] = field(default_factory=set)
+
+    def cut(self, worker: str, now: float) -> None:
+        self.at[worker] = now
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self.at
+
+    def may_rejoin(self, worker: str, last_seen: float, grace_s: float) -> bool:
+        """Whether a cut-off worker the scheduler last heard from at ``last_seen`` is back
+        (``grace_s`` covers clock skew between the scheduler's host and this one); if so it
+        is no longer cut off."""
+        cut = self.at.get(worker)
+        if cut is None or worker in self.rejoined or last_seen <= cut + grace_s:
+            return False
+        del self.at[worker]
+        self.rejoined.add(worker)
+        return True

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.scheduling.liveness import Liveness, ProgressWatch
+from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
 
 
 def test_before_any_step_is_measured_the_cold_deadline_applies():
@@ -66,3 +66,17 @@ def test_the_config_refuses_a_deadline_of_one_step_or_less():
     with pytest.raises(ConfigError, match=r"preemption.liveness_steps = 0.5: use 0 \(off\)"):
         PreemptionConfig(liveness_steps=0.5)
     assert PreemptionConfig(liveness_steps=0).liveness_steps == 0
+
+
+def test_a_cut_off_worker_rejoins_once_the_scheduler_hears_from_it_and_only_once():
+    cut = CutOffs()
+    cut.cut("w1", now=100.0)
+    assert "w1" in cut and "w2" not in cut
+    # Heard from before it was cut off (the partition's last heartbeat), or within the grace.
+    assert not cut.may_rejoin("w1", last_seen=90.0, grace_s=5.0)
+    assert not cut.may_rejoin("w1", last_seen=104.0, grace_s=5.0) and "w1" in cut
+    assert cut.may_rejoin("w1", last_seen=106.0, grace_s=5.0) and "w1" not in cut
+    # Cut off again after its rejoin: it stays out, whatever the scheduler hears.
+    cut.cut("w1", now=200.0)
+    assert not cut.may_rejoin("w1", last_seen=300.0, grace_s=5.0) and "w1" in cut
+    assert not cut.may_rejoin("never-cut", last_seen=300.0, grace_s=5.0)
