@@ -113,7 +113,7 @@ class Testbed:
     def close(self) -> None:
         for host in self.hosts.values():
             for proc in host.procs:
-                _kill(proc)
+                kill(proc)
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
             subprocess.run(["ip", "link", "del", host.link], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
@@ -143,7 +143,8 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise TestbedError(f"every /{_PREFIX} of {NETWORK} is in use here")
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL a process a host started, with its children (its session), and reap it."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -118,6 +118,18 @@ class ClusterHandle:
             self.client.cancel([f for f in pending if not f.done()])
             raise
 
+    def client_status(self) -> str:
+        """``running`` while the client has its scheduler; ``connecting``, ``closed``, ...
+        after the scheduler went away."""
+        return str(getattr(self.client, "status", "running"))
+
+    def scheduler_lost(self, what: str) -> "ClusterLostError":
+        return ClusterLostError(
+            f"the scheduler at {self.where} stopped answering while {what} waited (client "
+            f"{self.client_status()}): its host died or is cut off. What was committed stays: "
+            "start a scheduler and its workers, then `spotlight run --resume RUN_URL "
+            "--scheduler NEW_ADDRESS`")
+
     @property
     def where(self) -> str:
         return "the embedded cluster" if self.cluster is not None else \
@@ -143,8 +155,10 @@ class Absence:
     def __init__(self, handle: ClusterHandle, resource: str, wait_s: float, what: str) -> None:
         self.handle, self.resource, self.wait_s, self.what = handle, resource, wait_s, what
         self.since: float | None = None
+        self.lost_since: float | None = None   # since when the scheduler does not answer
 
     def check(self) -> None:
+        self._check_scheduler()
         try:
             alive = self.handle.workers_by_class()[self.resource]
         except Exception:  # noqa: BLE001 - the scheduler itself does not answer
@@ -159,6 +173,20 @@ class Absence:
                 f"{self.wait_s:g} s while {self.what or 'a stage'} waited (they died or left; "
                 f"see the workers' logs). Start one with `dask worker ADDR --resources "
                 f"\"{self.resource}=1\"` and resume the run")
+
+
+    def _check_scheduler(self) -> None:
+        """A client that lost its scheduler keeps answering ``scheduler_info`` from its last
+        copy (workers included), so the scheduler's loss is read from the client's state: it
+        reconnects for a while ("connecting"), then gives up ("closed")."""
+        status = self.handle.client_status()
+        if status == "running":
+            self.lost_since = None
+            return
+        self.lost_since = self.lost_since or time.monotonic()
+        if status in ("closed", "closing", "failed") or \
+                time.monotonic() - self.lost_since >= self.wait_s:
+            raise self.handle.scheduler_lost(self.what or "a stage")
 
 
 def workers_by_class(workers: dict) -> dict[str, list[str]]:
@@ -402,6 +430,9 @@ def open_cluster(config: ClusterConfig, mode: str, *,
     if config.scheduler:   # one deadline: the handshake and the wait for the worker classes
         deadline = time.monotonic() + config.connect_timeout_s
         handle = connect(config.scheduler, config, deadline)
+        # The client's own messages too (a lost scheduler is a traceback per reconnect try):
+        # the run says it in one line, the details go to the log file.
+        handle.log_route = DaskLogRoute(log_file).start()
     else:
         handle = start_embedded(config, log_file=log_file)
     try:

@@ -239,8 +239,12 @@ def format_events(events: list[dict[str, Any]]) -> str:
         at = datetime.datetime.fromtimestamp(e.get("at", 0.0), datetime.timezone.utc)
         what = f"{e.get('kind', '?')}/{e['what']}" if e.get("what") else e.get("kind", "?")
         detail = " ".join(f"{k}={e[k]}" for k in ("stage", "worker", "request", "attempt", "step",
-                                                   "hard", "source", "reason", "waiting")
+                                                   "hard", "source", "reason", "waiting",
+                                                   "epoch", "host", "pid")
                           if e.get(k) is not None and e.get(k) != "")
+        old = e.get("took_over_from")
+        if isinstance(old, dict):   # a lease taken from another driver
+            detail += f" took_over_from={old.get('host')}:{old.get('pid')}@{old.get('epoch')}"
         lines.append(f"{at:%H:%M:%S.%f}"[:-3] + f"  {what:<22} {detail}")
     return "\n".join(lines)
 

@@ -36,7 +36,7 @@ def dask_log_line(session: Any) -> str | None:
     path = session.dask_log
     if path is None or session.url.startswith("file://"):
         return None
-    return f"dask log: {path} (the embedded cluster's own messages)"
+    return f"dask log: {path} (Dask's own messages)"
 
 
 def preemption_line(kind: str, info: dict) -> str | None:

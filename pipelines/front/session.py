@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import (ClusterError, ClusterHandle, check_shape, open_cluster,
-                               register_worker_setup)
+from pipelines.cluster import (ClusterError, ClusterHandle, ClusterLostError, check_shape,
+                               open_cluster, register_worker_setup)
 from pipelines.cluster.connect import register_everywhere
 from pipelines.cluster.dask_log import run_log_file
 from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
@@ -213,6 +213,9 @@ class Session:
         except Exception as err:
             if self.lease is not None and self.lease.lost is not None:
                 raise self.lease.lost from err   # stopped because another driver took over
+            if self.cluster.client_status() != "running" and \
+                    not isinstance(err, ClusterLostError):   # Dask cancelled what was running
+                raise self.cluster.scheduler_lost("the run") from err
             raise
         return self.history
 

@@ -124,3 +124,12 @@ def test_audit_s3_run_with_endpoint_and_env_credentials(tmp_path, monkeypatch, c
         assert "rollout" in capsys.readouterr().out
     finally:
         server.stop()
+
+
+def test_a_lease_event_names_the_driver_and_whom_it_took_over_from():
+    from pipelines.front.audit import format_events
+
+    line = format_events([{"kind": "lease", "at": 0.0, "epoch": 2, "host": "vm-b", "pid": 41,
+                           "took_over_from": {"host": "vm-a", "pid": 7, "epoch": 1,
+                                              "expired": False}}])
+    assert "lease" in line and "epoch=2 host=vm-b pid=41 took_over_from=vm-a:7@1" in line

@@ -15,6 +15,7 @@ import psutil
 import pytest
 import yaml
 
+from pipelines.bench.testbed import kill as kill_tree
 from tests.pipelines.conftest import TINY_WORLD, run_quick_bench
 
 pytestmark = pytest.mark.timeout(420)
@@ -56,11 +57,7 @@ def stock_cluster(tmp_path):
                for cls in ("gpu", "spot")]
     yield address, workers, folder
     for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_tree(proc)
 
 
 def _wait_for_stage(store, stage: str, proc: subprocess.Popen, limit_s: float = 240) -> None:
@@ -198,3 +195,57 @@ def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(t
         assert key in result, key
     assert result["identical_rewards"] is True
     assert len(result["walls"]["stock"]) == len(result["walls"]["embedded"]) == 1
+
+
+def test_a_lost_scheduler_stops_the_run_clearly_and_a_new_one_finishes_it_identically(
+        tiny_yaml, tmp_path):
+    """The scheduler's host dies mid-run (its process and its workers SIGKILLed): the driver
+    says so in one line (exit 4). A new scheduler with new workers, and `--resume --scheduler
+    NEW` finishes the run with the weights and rewards of an uninterrupted one."""
+    from pipelines.bench.fault_checks import identical_runs
+    from storage import RunStore
+
+    folder = tmp_path / "cwd"
+    folder.mkdir()
+    procs: list[subprocess.Popen] = []
+
+    def cluster() -> tuple[str, list[subprocess.Popen]]:
+        port = _free_port()
+        address = f"tcp://127.0.0.1:{port}"
+        started = [subprocess.Popen([sys.executable, "-m", *args], cwd=folder,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True) for args in [
+            ("distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+             "--no-dashboard")] + [("distributed.cli.dask_worker", address, "--resources",
+                                    f"{cls}=1") for cls in ("gpu", "spot")]]
+        procs.extend(started)
+        return address, started
+
+    def kill(group: list[subprocess.Popen]) -> None:
+        for proc in group:
+            kill_tree(proc)
+
+    try:
+        first, first_procs = cluster()
+        clean = subprocess.run(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "2",
+                                      "--scheduler", first, "--store", str(tmp_path / "clean")],
+                               capture_output=True, text=True, timeout=360, cwd=folder)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        store = tmp_path / "run"
+        proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "2",
+                                       "--scheduler", first, "--store", str(store)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=folder)
+        _wait_for_stage(store, "iter-000000/train", proc)
+        kill(first_procs)   # the scheduler's host dies, and its workers with it
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 4, out + err
+        assert "Traceback" not in err and "the scheduler at" in err and "--scheduler" in err, err
+        second, _ = cluster()
+        resumed = subprocess.run(CLI + ["run", "--resume", str(store), "--scheduler", second],
+                                 capture_output=True, text=True, timeout=600, cwd=folder)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    finally:
+        kill(procs)
+    assert identical_runs(RunStore.open(str(tmp_path / "clean"), create=False),
+                          RunStore.open(str(store), create=False), 2)

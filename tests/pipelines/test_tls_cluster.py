@@ -3,8 +3,6 @@ certificates made here; an iteration completes over TLS, a client without the ri
 certificates is refused with a message that says what to set."""
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +10,7 @@ import sys
 import pytest
 
 from pipelines.bench.pki import make_pki
+from pipelines.bench.testbed import kill
 from pipelines.cluster import ClusterError
 from pipelines.front.session import Session
 
@@ -41,11 +40,7 @@ def tls_cluster(tmp_path):
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     yield address, {"ca_file": pki.ca_file, "cert": pki.client_cert, "key": pki.client_key}, tmp_path
     for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill(proc)
 
 
 def test_an_iteration_runs_over_tls_and_a_client_without_certificates_is_refused(
