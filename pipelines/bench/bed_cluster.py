@@ -22,7 +22,7 @@ from storage import StorageConfig
 from storage.urls import check_reachable, open_location
 
 from .pki import Pki, make_pki
-from .testbed import Host, Testbed, TestbedError
+from .testbed import Host, Testbed, TestbedError, kill
 
 SCHEDULER_PORT, S3_PORT = 8786, 9000
 BUCKET = "spotlight-bed"
@@ -36,10 +36,41 @@ class BedCluster:
     pki: Pki
     folder: Path
     workers: dict[str, Host] = field(default_factory=dict)
+    scheduler_host: str = "scheduler"
+    _scheduler: subprocess.Popen | None = None
+    _worker_procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def scheduler(self) -> str:
-        return f"tls://{self.bed.hosts['scheduler'].ip}:{SCHEDULER_PORT}"
+        return f"tls://{self.bed.hosts[self.scheduler_host].ip}:{SCHEDULER_PORT}"
+
+    def start_scheduler(self, host: str = "scheduler") -> None:
+        """A stock TLS ``dask scheduler`` on ``host`` (one of the hosts the certificates name)."""
+        self.scheduler_host = host
+        sched = self.bed.host(host)
+        self._scheduler = sched.popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", sched.ip,
+             "--port", str(SCHEDULER_PORT), "--protocol", "tls", "--no-dashboard",
+             *self.pki.dask_args()], env=self.env(), cwd=self.folder,
+            stdout=open(self.folder / f"{host}.log", "ab"), stderr=subprocess.STDOUT)
+
+    def stop_scheduler(self) -> None:
+        """The scheduler's host dies: its process is SIGKILLed."""
+        if self._scheduler is not None:
+            kill(self._scheduler)
+            self._scheduler = None
+
+    def restart_scheduler(self, host: str) -> None:
+        """A new scheduler on ``host``; the workers (restarted, as their VMs' supervisors
+        would) join it."""
+        self.stop_scheduler()
+        for proc in self._worker_procs.values():
+            kill(proc)
+        self.start_scheduler(host)
+        for name in list(self.workers):
+            cls, index = name.rsplit("-", 1)
+            self.add_worker(cls, int(index))
+        self.wait_for_workers(list(self.workers))
 
     @property
     def s3_endpoint(self) -> str:
@@ -66,11 +97,12 @@ class BedCluster:
         name = f"{cls}-{index}"
         host = self.bed.host(name)
         log = open(self.folder / f"{name}.log", "wb")
-        host.popen([sys.executable, "-m", "distributed.cli.dask_worker", self.scheduler,
-                    "--name", name, "--nthreads", "1", "--resources", f"{cls}=1",
-                    "--host", host.ip, "--no-dashboard", "--memory-limit", "0",
-                    *self.pki.dask_args()], env=self.env(), cwd=self.folder, stdout=log,
-                   stderr=subprocess.STDOUT)
+        self._worker_procs[name] = host.popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", self.scheduler,
+             "--name", name, "--nthreads", "1", "--resources", f"{cls}=1",
+             "--host", host.ip, "--no-dashboard", "--memory-limit", "0",
+             *self.pki.dask_args()], env=self.env(), cwd=self.folder, stdout=log,
+            stderr=subprocess.STDOUT)
         self.workers[name] = host
         return host
 
@@ -104,24 +136,23 @@ class BedCluster:
                                          **kwargs)
 
 
-def start_bed_cluster(bed: Testbed, folder: str | Path, gpu: int = 1, spot: int = 1) -> BedCluster:
-    """Scheduler, S3 store and workers on their own hosts; returns once every worker joined."""
+def start_bed_cluster(bed: Testbed, folder: str | Path, gpu: int = 1, spot: int = 1,
+                      spare: tuple[str, ...] = ()) -> BedCluster:
+    """Scheduler, S3 store and workers on their own hosts; returns once every worker joined.
+    ``spare`` hosts are made (and named in the certificates) for later: a second driver, a
+    new scheduler."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hosts = ["scheduler", "store", "driver"] + [f"gpu-{i}" for i in range(gpu)] + \
-        [f"spot-{i}" for i in range(spot)]
+        [f"spot-{i}" for i in range(spot)] + list(spare)
     addresses = [bed.host(name).ip for name in hosts]
     cluster = BedCluster(bed, make_pki(folder / "pki", addresses), folder)
     _start_store(cluster)
-    sched = bed.hosts["scheduler"]
-    sched.popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", sched.ip,
-                 "--port", str(SCHEDULER_PORT), "--protocol", "tls", "--no-dashboard",
-                 *cluster.pki.dask_args()], env=cluster.env(), cwd=folder,
-                stdout=open(folder / "scheduler.log", "wb"), stderr=subprocess.STDOUT)
+    cluster.start_scheduler("scheduler")
     for cls, count in (("gpu", gpu), ("spot", spot)):
         for i in range(count):
             cluster.add_worker(cls, i)
-    cluster.wait_for_workers([h for h in hosts if h.startswith(("gpu-", "spot-"))])
+    cluster.wait_for_workers(list(cluster.workers))
     return cluster
 
 

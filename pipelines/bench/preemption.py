@@ -91,11 +91,11 @@ def _run(config: RunConfig, url: str, iterations: int) -> dict:
                "injector": session.injector.log if session.injector else [],
                "injector_summary": session.injector.summary() if session.injector else None}
     store = RunStore.open(url, create=False)
-    out["dispatch"] = _dispatch_logs(store, iterations)
+    out["dispatch"] = dispatch_logs(store, iterations)
     return out
 
 
-def _dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
+def dispatch_logs(store: RunStore, iterations: int) -> list[dict]:
     """The pull-dispatch record of every pulled stage of the run: explorations, audits and
     (with ``placement.rollout`` on spot) rollouts."""
     out = []

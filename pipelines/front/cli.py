@@ -266,7 +266,8 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=None, help="iterations (default: config)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")
     p.add_argument("--scheduler", default=None, metavar="ADDR",
-                   help="existing scheduler, e.g. tcp://10.0.0.5:8786 (default: embedded cluster)")
+                   help="existing scheduler, e.g. tls://10.0.0.5:8786 (tcp:// on one "
+                        "machine; default: an embedded cluster)")
     p.add_argument("--resume", metavar="RUN_URL", default=None,
                    help="continue the run stored at RUN_URL after its last completed stage, "
                         "exactly as stored: only --iterations (extend or shorten it) and "

@@ -1,0 +1,315 @@
+"""The scenarios of ``spotlight bench faults`` (:mod:`pipelines.bench.faults`), each a fault
+injected into a run on the test bed, measured against the clean run.
+
+Every time is wall-clock (``time.time()``), one clock for every host of the bed: they share the
+kernel. A scenario returns ``requests_lost``, ``identical_to_clean``, ``foreign_writes``,
+``detect_s``, ``recover_s`` and what it saw besides.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pipelines.bench.fault_stream import STAGE, expected
+from pipelines.bench.bed_cluster import BedCluster
+from pipelines.bench.fault_checks import (Timeline, foreign_lineage_steps, given_up_attempts,
+                                          identical_runs, requests_lost, stage_records_after)
+from pipelines.bench.preemption import dispatch_logs
+from pipelines.bench.testbed import Testbed, kill
+from storage import RunStore
+
+RUN_LIMIT_S = 1800.0
+
+
+@dataclass
+class Driver:
+    """A ``spotlight`` process on a test-bed host, its output read line by line as it comes."""
+
+    proc: subprocess.Popen
+    out: Timeline
+    err: Timeline
+
+    @classmethod
+    def start(cls, cluster: BedCluster, *args: str, host: str = "driver") -> "Driver":
+        proc = cluster.spotlight(*args, host=host)
+        return cls(proc, _pumped(proc.stdout), _pumped(proc.stderr))
+
+    def wait(self, timeout: float = RUN_LIMIT_S) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"the driver ran past {timeout:.0f} s:\n{self.text()}") from None
+        time.sleep(0.3)   # the pumps read what is left
+        return code
+
+    def kill(self) -> None:
+        kill(self.proc)
+
+    def text(self) -> str:
+        return self.out.text() + "\n" + self.err.text()
+
+
+def _pumped(stream) -> Timeline:
+    into = Timeline()
+
+    def pump() -> None:
+        for line in iter(stream.readline, ""):
+            into.add(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return into
+
+
+@dataclass
+class Bench:
+    """What every scenario shares: the bed, its cluster, the run's config and the clean run."""
+
+    bed: Testbed
+    cluster: BedCluster
+    config_path: Path
+    iterations: int
+    root: Path
+    clean_url: str | None = None
+
+    def run_args(self, url: str, *extra: str) -> list[str]:
+        return ["run", "--config", str(self.config_path), "--iterations", str(self.iterations),
+                "--scheduler", self.cluster.scheduler, "--store", url, *extra]
+
+    def store(self, url: str, create: bool = False):
+        """The run store at ``url``, read from this process (the root namespace)."""
+        env = self.cluster.store_env()
+        return RunStore.open(url, create=create, endpoint_url=self.cluster.s3_endpoint,
+                             key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
+                             region=env["AWS_REGION"], create_bucket=create)
+
+    def stage_done(self, url: str, stage: str) -> bool:
+        try:
+            return self.store(url).is_stage_done(stage)
+        except Exception:   # noqa: BLE001 - the run is not created yet
+            return False
+
+    def outcome(self, url: str, since: float) -> dict:
+        """The figures every scenario reports, from its store and the clean one's."""
+        store, clean = self.store(url), self.store(self.clean_url)
+        epochs = [r.get("epoch", 0) for r in store.manifest.stages().values()]
+        return {"requests_lost": requests_lost(clean, store, self.iterations),
+                "identical_to_clean": identical_runs(clean, store, self.iterations),
+                "foreign_writes": len(stage_records_after(store, max(epochs, default=0), since))}
+
+
+def wait_until(check: Callable[[], bool], limit_s: float, driver: Driver | None = None,
+               what: str = "") -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if driver is not None and driver.proc.poll() is not None:
+            raise RuntimeError(f"the driver exited ({driver.proc.returncode}) before {what}:\n"
+                               f"{driver.text()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {limit_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _finished(driver: Driver, what: str) -> None:
+    code = driver.wait()
+    if code != 0:
+        raise RuntimeError(f"{what} failed (exit {code}):\n{driver.text()}")
+
+
+def clean_run(bench: Bench) -> dict:
+    url = bench.cluster.store_url("clean")
+    start = time.time()
+    _finished(Driver.start(bench.cluster, *bench.run_args(url)), "the clean run")
+    return {"url": url, "wall_s": time.time() - start}
+
+
+def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) -> dict:
+    """``detect_s``: the link down -> the request's worker declared silent (the run's event
+    log). ``recover_s``: silent -> the last moved request finished elsewhere. After the heal
+    the cut-off worker's late writes must stay out of every stored trajectory."""
+    url = bench.cluster.store_url("partition")
+    driver = Driver.start(bench.cluster, *bench.run_args(url))
+    # Iteration 1's exploration runs on spot while iteration 0 trains: cut a spot host then.
+    wait_until(lambda: _listed(bench, url, "iter-000001", "explore.commits"), 900, driver,
+               "iteration 1's exploration")
+    cut = time.time()
+    bench.bed.partition(host)
+    heal = threading.Timer(heal_after_s, bench.bed.heal, (host,))
+    heal.start()
+    _finished(driver, "the partitioned run")
+    heal.cancel()
+    bench.bed.heal(host)
+    time.sleep(10.0)   # the healed worker's attempt writes on, and is fenced
+    store = bench.store(url)
+    silent = [e for e in store.read_events() if e.get("kind") == "request"
+              and e.get("what") == "silent" and e.get("worker") == host]
+    given_up = given_up_attempts(dispatch_logs(store, bench.iterations), epoch=1)
+    ends = [store.latents.commit_record(g.stage, g.request).get("updated_at", 0.0)
+            for g in given_up]
+    detected = silent[0]["at"] if silent else None
+    out = bench.outcome(url, cut)
+    out["foreign_writes"] += foreign_lineage_steps(store, given_up)
+    return {**out, "detect_s": None if detected is None else detected - cut,
+            "recover_s": None if detected is None or not ends else max(ends) - detected,
+            "moved_requests": len(given_up), "host": host, "healed_after_s": heal_after_s}
+
+
+def _listed(bench: Bench, url: str, *parts: str) -> bool:
+    try:
+        return bool(bench.store(url).location.list_names(*parts))
+    except Exception:   # noqa: BLE001 - not there yet
+        return False
+
+
+def zombie(bench: Bench, steps: int = 12) -> dict:
+    """Attempt 1 (spot-0, kernel 1) streams a request; at step 4 its host is cut off and
+    attempt 2 (spot-1, kernel 2) takes the request over and finishes it; then spot-0 comes
+    back and attempt 1 writes on. ``detect_s``: the heal -> attempt 1 stopped as fenced.
+    ``recover_s``: the cut -> the request finished. ``foreign_writes``: stored steps equal to
+    attempt 1's values after the takeover."""
+    url = bench.cluster.store_url("zombie")
+    bench.store(url, create=True)
+    first = _stream(bench, "spot-0", url, number=1, kernel=1, steps=steps, step_s=0.4)
+    wait_until(lambda: first.first("step 4") is not None, 300, what="attempt 1's step 4")
+    cut = time.time()
+    bench.bed.partition("spot-0")
+    second = _stream(bench, "spot-1", url, number=2, kernel=2, steps=steps, step_s=0.05)
+    wait_until(lambda: second.first("done") is not None or second.first("fenced") is not None,
+               300, what="attempt 2's end")
+    healed = time.time()
+    bench.bed.heal("spot-0")
+    wait_until(lambda: first.first("fenced") is not None or first.first("done") is not None,
+               300, what="attempt 1's end")
+    store = bench.store(url)
+    record = store.latents.commit_record(STAGE, "r")
+    took_at = int(second.lines[0][1].split()[1])   # "claimed K": it resumed after step K
+    traj = store.read_trajectory(STAGE, "r")
+    winner = expected([(0, 1), (took_at + 1, 2)], steps)
+    stale = expected([(0, 1)], steps)
+    foreign = sum(1 for t in range(took_at + 1, len(traj)) if np.array_equal(traj[t], stale[t]))
+    fenced_at = first.first("fenced")
+    return {"requests_lost": 0 if record["step"] == steps else 1,
+            "identical_to_clean": bool(traj.shape == winner.shape
+                                       and np.array_equal(traj, winner)),
+            "foreign_writes": foreign,
+            "detect_s": None if fenced_at is None else fenced_at - healed,
+            "recover_s": (second.first("done") or healed) - cut,
+            "takeover_step": took_at, "lineage": record.get("lineage"),
+            # what the stale attempt wrote after the takeover: in the store, not in the run
+            "stale_steps_stored": [t for t in store.latents.written_steps(
+                STAGE, "r") if t > took_at],
+            "stale_attempt": first.lines[-1][1][:200]}
+
+
+def _stream(bench: Bench, host: str, url: str, **options) -> Timeline:
+    argv = [sys.executable, "-m", "pipelines.bench.fault_stream", url, "r"]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    proc = bench.bed.host(host).popen(argv, env=bench.cluster.env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+    return _pumped(proc.stdout)
+
+
+def dual_driver(bench: Bench) -> dict:
+    """A second driver on another host: a plain ``--resume`` is refused (``refuse_s``), then
+    ``--takeover --force`` fences the first. ``detect_s``: the takeover -> the first driver's
+    ``error: fenced:`` line. ``recover_s``: the takeover -> the new driver's first stage."""
+    url = bench.cluster.store_url("dual")
+    first = Driver.start(bench.cluster, *bench.run_args(url)[:4], "40",
+                         *bench.run_args(url)[5:])   # runs on until it is fenced
+    wait_until(lambda: bench.stage_done(url, "iter-0/iteration"), 900, first, "iteration 0")
+    asked = time.time()
+    second = Driver.start(bench.cluster, "run", "--resume", url, host="driver-2")
+    refused = second.wait(300)
+    refuse_s = time.time() - asked
+    taker = Driver.start(bench.cluster, "run", "--resume", url, "--takeover", "--force",
+                         "--iterations", str(bench.iterations), host="driver-2")
+    _finished(taker, "the taking-over driver")
+    first_code = first.wait(600)
+    took = taker.err.first("lease: epoch") or asked
+    fenced = first.err.first("error: fenced:")
+    store = bench.store(url)
+    mine = [r["at"] for r in store.manifest.stages().values() if r.get("epoch", 0) >= 2]
+    out = bench.outcome(url, took)
+    return {**out, "detect_s": None if fenced is None else fenced - took,
+            "recover_s": None if not mine else min(mine) - took,
+            "refused_exit": refused, "refuse_s": refuse_s, "first_exit": first_code}
+
+
+def store_outage(bench: Bench, outage_s: float = 30.0) -> dict:
+    """The S3 host's link is down for ``outage_s`` after iteration 0. ``detect_s``: the cut ->
+    the driver's first storage warning. ``recover_s``: the link back -> the next stage
+    recorded."""
+    url = bench.cluster.store_url("outage")
+    driver = Driver.start(bench.cluster, *bench.run_args(url))
+    wait_until(lambda: bench.stage_done(url, "iter-0/iteration"), 900, driver, "iteration 0")
+    cut = time.time()
+    bench.bed.partition("store")
+    time.sleep(outage_s)
+    bench.bed.heal("store")
+    healed = time.time()
+    _finished(driver, "the run through a store outage")
+    noticed = driver.err.first("storage:", after=cut)
+    later = [r["at"] for r in bench.store(url).manifest.stages().values()
+             if r.get("at", 0.0) > healed]
+    return {**bench.outcome(url, cut), "detect_s": None if noticed is None else noticed - cut,
+            "recover_s": None if not later else min(later) - healed, "outage_s": outage_s}
+
+
+def driver_loss(bench: Bench) -> dict:
+    """The driver is SIGKILLed after iteration 0; once its lease expires, a driver on another
+    host takes the run over. ``detect_s``: the kill -> the new driver holds the lease.
+    ``recover_s``: the kill -> the new driver's first stage recorded."""
+    url = bench.cluster.store_url("driver-loss")
+    driver = Driver.start(bench.cluster, *bench.run_args(url))
+    wait_until(lambda: bench.stage_done(url, "iter-0/iteration"), 900, driver, "iteration 0")
+    killed = time.time()
+    driver.kill()
+    lease = json.loads(bench.store(url).location.read_bytes("lease.json", small=True))
+    time.sleep(max(0.0, lease["expires_at"] - time.time()) + 0.5)
+    taker = Driver.start(bench.cluster, "run", "--resume", url, "--takeover", "--iterations",
+                         str(bench.iterations), host="driver-2")
+    _finished(taker, "the taking-over driver")
+    took = taker.err.first("lease: epoch")
+    mine = [r["at"] for r in bench.store(url).manifest.stages().values()
+            if r.get("epoch", 0) >= 2]
+    return {**bench.outcome(url, killed), "detect_s": None if took is None else took - killed,
+            "recover_s": None if not mine else min(mine) - killed,
+            "lease_ttl_s": lease["expires_at"] - lease["renewed_at"]}
+
+
+def scheduler_loss(bench: Bench) -> dict:
+    """The scheduler is killed after iteration 0. ``detect_s``: the kill -> the driver stops
+    with its error. A new scheduler starts on another host, the workers join it, and
+    ``spotlight run --resume URL --scheduler NEW`` finishes the run; ``recover_s``: the kill
+    -> the resumed run's first stage recorded."""
+    url = bench.cluster.store_url("scheduler-loss")
+    driver = Driver.start(bench.cluster, *bench.run_args(url))
+    wait_until(lambda: bench.stage_done(url, "iter-0/iteration"), 900, driver, "iteration 0")
+    killed = time.time()
+    bench.cluster.stop_scheduler()
+    code = driver.wait(900)
+    stopped = time.time()
+    bench.cluster.restart_scheduler("scheduler-2")
+    resumed = Driver.start(bench.cluster, "run", "--resume", url, "--scheduler",
+                           bench.cluster.scheduler, "--takeover")
+    _finished(resumed, "the resumed run")
+    later = [r["at"] for r in bench.store(url).manifest.stages().values()
+             if r.get("at", 0.0) > stopped]
+    error = [line for line in driver.err.text().splitlines() if line.startswith("error:")]
+    return {**bench.outcome(url, killed), "detect_s": stopped - killed,
+            "recover_s": None if not later else min(later) - killed, "driver_exit": code,
+            "driver_error": error[-1][:300] if error else None}
+
+
+SCENARIOS = {"partition": partition, "zombie": zombie, "dual_driver": dual_driver,
+             "store_outage": store_outage, "driver_loss": driver_loss,
+             "scheduler_loss": scheduler_loss}

@@ -1,0 +1,52 @@
+"""``spotlight bench faults`` scenarios at test size on the network-namespace test bed: each
+fault injected into a real run across hosts (TLS scheduler, stock workers, S3 host, driver),
+then the run compared with the clean one."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines.bench import fault_scenarios
+from pipelines.bench.bed_cluster import start_bed_cluster
+from pipelines.bench.fault_scenarios import Bench
+from pipelines.bench.faults import targets_met, write_bench_config
+
+pytestmark = pytest.mark.timeout(1800)
+
+# Requests long enough that one is under way on the host a partition cuts off.
+TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
+             "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5}
+
+
+@pytest.fixture
+def bench(testbed, tiny_run_yaml, tmp_path) -> Bench:
+    cluster = start_bed_cluster(testbed, tmp_path / "bed", gpu=1, spot=2,
+                                spare=("driver-2",))
+    return Bench(testbed, cluster, write_bench_config(tmp_path, str(tiny_run_yaml), False,
+                                                      TEST_SIZE), 2, tmp_path)
+
+
+def test_two_attempts_on_two_hosts_with_different_kernels_never_mix(bench):
+    """The cut-off attempt writes on after the heal (its steps are in the store) but none of
+    them is in the trajectory, which is exactly the winner's lineage."""
+    found = fault_scenarios.zombie(bench)
+    assert found["stale_steps_stored"], found   # the stale attempt did write after the takeover
+    assert found["identical_to_clean"] and found["foreign_writes"] == 0, found
+    assert found["requests_lost"] == 0 and found["lineage"][-1][1] == "latent-e1a2", found
+    assert "fenced" in found["stale_attempt"], found
+
+
+def test_a_partition_and_a_second_driver_lose_nothing_and_mix_nothing(bench):
+    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
+    found = {"partition": fault_scenarios.partition(bench, heal_after_s=20.0),
+             "dual_driver": fault_scenarios.dual_driver(bench)}
+    assert found["partition"]["moved_requests"] >= 1, found
+    assert found["dual_driver"]["refused_exit"] == 3 and found["dual_driver"]["first_exit"] == 6, \
+        found
+    assert targets_met(found) == {"partition": True, "dual_driver": True}, found
+
+
+def test_a_store_outage_within_the_patience_costs_a_pause(bench):
+    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
+    found = fault_scenarios.store_outage(bench, outage_s=15.0)
+    assert targets_met({"store_outage": found}) == {"store_outage": True}, found
+    assert found["detect_s"] is not None and found["recover_s"] is not None, found
