@@ -402,17 +402,11 @@ class LatentStreams:
         raise StreamOvertakenError(f"attempt {attempt.key} could not claim "
                                    f"{self.url(stage, request)}: its marker kept changing")
 
-    def write_commit(self, stage: str, request: str, record: dict, version: str | None = None
-                     ) -> str | None:
-        """Write a request's marker; with ``version`` (the owner's last) only if unchanged since:
-        the new version, or StreamOvertakenError when a newer attempt has claimed it."""
+    def write_commit(self, stage: str, request: str, record: dict, version: str) -> str:
+        """Write a request's marker if it still has ``version`` (the owner's last write): the
+        new version, or StreamOvertakenError when a newer attempt has claimed it."""
         data = json.dumps(record, sort_keys=True).encode("utf-8")
         parts = self._commit_parts(stage, request)
-        if version is None:
-            # Not fsync'd: zarr's chunk files are not either; rename keeps it atomic for a
-            # killed (preempted) process, which is the failure this marker guards against.
-            self.location.write_bytes(data, *parts, durable=False)
-            return None
         try:
             return replace_if(self.location, data, version, *parts)
         except WriteConflict:

@@ -436,7 +436,8 @@ class RequestPool:
         record = self.store.latents.commit_record(spec.stage, spec.request)
         if record is None:
             return 0, None
-        return int(record["step"]), record.get("updated_at")
+        # -1: an attempt claimed the request and has committed no step yet
+        return max(int(record["step"]), 0), record.get("updated_at")
 
     def _note(self, kind: str, **info: Any) -> None:
         self.log.append({"kind": kind, "at": time.time(), **info})

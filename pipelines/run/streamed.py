@@ -10,7 +10,8 @@ failing.
 
 :func:`run_streamed_request` is the skeleton the three request tasks share (the worker's lock,
 the policy at the request's weights version, the hand-back); :func:`sample_streamed` is its step
-loop. Attempt fencing (one writer per request) belongs here, once.
+loop. Every attempt carries its number (:class:`StreamedRequest.attempt`) into the run store,
+which fences a stale attempt's writes out of the trajectory (:mod:`storage.attempts`).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
 @pytest.fixture
 def bench(testbed, tiny_run_yaml, tmp_path) -> Bench:
     cluster = start_bed_cluster(testbed, tmp_path / "bed", gpu=1, spot=2,
-                                spare=("driver-2",))
+                                spare=("driver-2", "scheduler-2"))
     return Bench(testbed, cluster, write_bench_config(tmp_path, str(tiny_run_yaml), False,
                                                       TEST_SIZE), 2, tmp_path)
 
@@ -50,3 +50,15 @@ def test_a_store_outage_within_the_patience_costs_a_pause(bench):
     found = fault_scenarios.store_outage(bench, outage_s=15.0)
     assert targets_met({"store_outage": found}) == {"store_outage": True}, found
     assert found["detect_s"] is not None and found["recover_s"] is not None, found
+
+
+def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
+    """The driver is SIGKILLed: once its lease expires a driver on another host takes over.
+    The scheduler is killed: the driver stops in one line, and the run resumes on a new
+    scheduler on another host. Both end identical to the clean run."""
+    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
+    found = {"driver_loss": fault_scenarios.driver_loss(bench),
+             "scheduler_loss": fault_scenarios.scheduler_loss(bench)}
+    assert found["scheduler_loss"]["driver_exit"] == 4, found
+    assert "stopped answering" in found["scheduler_loss"]["driver_error"], found
+    assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found

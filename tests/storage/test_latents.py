@@ -310,7 +310,7 @@ def _count_markers(monkeypatch, store) -> list:
     written: list = []
     real = store.latents.write_commit
 
-    def counting(stage, request, record, version=None):
+    def counting(stage, request, record, version):
         new = real(stage, request, record, version)
         written.append(record["step"])
         return new
