@@ -38,18 +38,25 @@ def tiny_config():
 
 
 @pytest.fixture
-def testbed():
-    """A multi-host test bed (network namespaces). Where namespaces cannot be made the test
-    skips with the reason -- except in CI (SPOTLIGHT_REQUIRE_NETNS=1, set by .ci/run, which
-    runs as root), where that is a failure: a skipped partition test proves nothing."""
+def netns() -> None:
+    """Network namespaces can be made here. Where they cannot the test skips with the reason
+    -- except in CI (SPOTLIGHT_REQUIRE_NETNS=1, set by .ci/run, which runs as root), where
+    that is a failure: a skipped partition test proves nothing."""
     import os
 
-    from pipelines.bench.testbed import Testbed, unavailable
+    from pipelines.bench.testbed import unavailable
 
     reason = unavailable()
     if reason:
         if os.environ.get("SPOTLIGHT_REQUIRE_NETNS") == "1":
             pytest.fail(f"SPOTLIGHT_REQUIRE_NETNS=1 but {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture
+def testbed(netns):
+    """A multi-host test bed (network namespaces; see ``netns``)."""
+    from pipelines.bench.testbed import Testbed
+
     with Testbed() as bed:
         yield bed

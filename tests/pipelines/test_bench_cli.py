@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(600)
 
 ELSEWHERE = {
     "convergence": "tests/pipelines/test_cli.py",
+    "faults": "tests/pipelines/test_bench_faults.py",
     "learning": "tests/pipelines/test_cli.py",
     "stock-workers": "tests/pipelines/test_stock_cluster.py",
     "storage": "tests/pipelines/test_bench_storage.py",

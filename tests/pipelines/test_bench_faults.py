@@ -9,6 +9,7 @@ from pipelines.bench import fault_scenarios
 from pipelines.bench.bed_cluster import start_bed_cluster
 from pipelines.bench.fault_scenarios import Bench
 from pipelines.bench.faults import targets_met, write_bench_config
+from tests.pipelines.conftest import run_quick_bench
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -62,3 +63,12 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
     assert found["scheduler_loss"]["driver_exit"] == 4, found
     assert "stopped answering" in found["scheduler_loss"]["driver_error"], found
     assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found
+
+
+def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside_repo):
+    """The installed command builds its own bed (the zombie scenario needs no clean run)."""
+    result, _ = run_quick_bench("faults", ["--scenarios", "zombie"], outside_repo,
+                                tmp_path / "faults.json", timeout=600)
+    assert result["complete"] and result["tls"] and result["targets"] == {"zombie": True}, result
+    assert {"scheduler", "store", "spot-0", "spot-1"} <= set(result["hosts"]), result
+    assert result["scenarios"]["zombie"]["stale_steps_stored"], result
