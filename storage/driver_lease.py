@@ -104,8 +104,15 @@ class DriverLease:
             try:
                 held = renewed_lease(current, self.held, self._clock(), self.ttl_s)
                 replace_if(self.location, held.to_json(), version, LEASE)
-            except (LeaseLost, WriteConflict) as exc:
+            except LeaseLost as exc:
                 self._lose(str(exc))   # raises DriverFenced
+            except WriteConflict:
+                # Changed between the read and the write: a takeover, most likely. Say whose.
+                now, _ = _read(self.location)
+                if now is not None and now.epoch == self.epoch and now.holder == self.held.holder:
+                    raise StorageError(f"{self.url} changed under its holder (epoch "
+                                       f"{self.epoch}) while it renewed; retrying") from None
+                self._lose(_taken_by(now, self.epoch))   # raises DriverFenced
             else:
                 self.held = held
 

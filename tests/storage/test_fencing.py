@@ -113,3 +113,24 @@ def test_a_manifest_stamped_by_a_newer_epoch_refuses_an_older_writer(store_confi
     new.mark_stage_done("iter-0/explore")
     with pytest.raises(DriverFenced, match=r"epoch 2, after this driver's epoch 1"):
         old.mark_stage_done("iter-0/reward")
+
+
+def test_a_takeover_between_a_renewals_read_and_write_names_the_taker(store_config,
+                                                                      monkeypatch):
+    """The renewal read the lease, then B took it over, then the renewal's conditional write
+    failed: the old driver is fenced with B named, not with a bare write conflict."""
+    import storage.driver_lease as driver_lease
+
+    store = RunStore.open(store_config, writer=True)
+    old = DriverLease.acquire(store.location, ttl_s=60, holder=A)
+    real = driver_lease.replace_if
+
+    def taken_meanwhile(*args, **kwargs):
+        monkeypatch.setattr(driver_lease, "replace_if", real)   # B's own writes go through
+        DriverLease.acquire(store.location, ttl_s=60, holder=B, force=True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver_lease, "replace_if", taken_meanwhile)
+    with pytest.raises(DriverFenced, match="driver-b"):
+        old.renew()
+    assert old.lost is not None
