@@ -285,8 +285,7 @@ class LatentStreams:
                 return zarr.open_array(store, path=path, mode="r+")
 
         if fresh:
-            return self._create_fresh(stage, request, store, path, spec, labels if group else None,
-                                      group)
+            return self._create_fresh(stage, request, store, path, spec, labels, group)
         arr = self.location.retry(create, "create", *self._parts(stage, request, array))
         want = (num_steps + 1, *shape)
         if arr.shape != want or arr.dtype != dtype:
@@ -308,7 +307,7 @@ class LatentStreams:
         from zarr.storage import StorePath
 
         group = "/".join(self._parts(stage, request)[1:])
-        if labels is not None:
+        if group_too and labels is not None:
             self.location.retry(lambda: _write_coords(store, group, labels), "write coordinates of",
                                 *self._parts(stage, request))
         if group_too:

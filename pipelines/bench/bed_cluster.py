@@ -88,6 +88,11 @@ class BedCluster:
                     AWS_RESPONSE_CHECKSUM_VALIDATION="WHEN_REQUIRED",
                     PYTHONPATH=str(_REPO), OMP_NUM_THREADS="1", NO_PROXY="*")
 
+    def store_config(self, url: str, **overrides) -> StorageConfig:
+        """The run store at ``url`` as a reader in the root namespace opens it."""
+        return StorageConfig(url=url, endpoint_url=self.s3_endpoint, key=_KEY, secret=_SECRET,
+                             region="us-east-1", **overrides)
+
     def store_env(self) -> dict[str, str]:
         """Only the S3 variables: what a reader of the store in this process sets."""
         return {k: v for k, v in self.env().items() if k.startswith("AWS_")}
@@ -164,6 +169,5 @@ def _start_store(cluster: BedCluster) -> None:
     if proc.stdout.readline().strip() != "ready":
         raise TestbedError(f"the S3 server on {store.ip} did not start; see "
                            f"{cluster.folder}/store.log")
-    config = StorageConfig(url=f"s3://{BUCKET}/probe", endpoint_url=cluster.s3_endpoint,
-                           key=_KEY, secret=_SECRET, region="us-east-1")
-    check_reachable(open_location(config), create_bucket=True)
+    check_reachable(open_location(cluster.store_config(f"s3://{BUCKET}/probe")),
+                    create_bucket=True)

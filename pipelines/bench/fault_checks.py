@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage import RunStore
-from storage.attempts import LATENT, lineage_of
+from storage.attempts import Attempt, array_name, lineage_of
 
 STREAMED_STAGES = ("explore", "audit", "rollout")
 
@@ -68,7 +68,7 @@ def given_up_attempts(dispatch: list[dict], epoch: int) -> list[GivenUp]:
             elif move.get("kind") == "requeued" and request in running:
                 number, worker = running[request]
                 if worker == move.get("worker"):
-                    array = LATENT if number == 1 else f"{LATENT}-e{epoch}a{number}"
+                    array = array_name(Attempt(epoch, number), starts_request=number == 1)
                     out.append(GivenUp(entry["stage"], request, array, int(move.get("step", 0))))
     return out
 

@@ -86,10 +86,7 @@ class Bench:
 
     def store(self, url: str, create: bool = False):
         """The run store at ``url``, read from this process (the root namespace)."""
-        env = self.cluster.store_env()
-        return RunStore.open(url, create=create, endpoint_url=self.cluster.s3_endpoint,
-                             key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
-                             region=env["AWS_REGION"], create_bucket=create)
+        return RunStore.open(self.cluster.store_config(url, create_bucket=create), create=create)
 
     def stage_done(self, url: str, stage: str) -> bool:
         try:
