@@ -24,6 +24,7 @@ from pipelines.cluster.dask_log import run_log_file
 from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
+from pipelines.observe import Observers, build_observers
 from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
@@ -54,8 +55,10 @@ class Session:
         self.val_prompts = world_prompts(config, "val")
         # Spot workers hear preemption notices (SIGTERM, file, cloud metadata) and hand back.
         register_everywhere(cluster.client, preemption_watch(config.preemption))
+        # Trackers and the dashboard's live page hear every event the user's callback hears.
+        self.observers = Observers(build_observers(self), user=on_event)
         self.driver = Driver(config, store, cluster, mode, self.train_prompts, self.val_prompts,
-                             on_event=on_event)
+                             on_event=self.observers)
         if self.lease is not None:
             self.driver.emit("lease", **self.lease.event())
         self.injector: PreemptionInjector | None = None
@@ -294,6 +297,7 @@ class Session:
             if self.lease is None or self.lease.lost is None:
                 self.driver.flush_events("close")   # what happened after the last iteration
         finally:
+            self.observers.close()
             self.cluster.close()
             if self.lease is not None:
                 self.lease.release()
