@@ -363,6 +363,17 @@ def _add_audit(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_audit)
 
 
+def _command_module(module: str):
+    """A command whose options and code live in their own module (``add_arguments(p)`` sets
+    ``func``); imported when the parser is built, so such a module keeps heavy imports inside
+    its ``run``."""
+    def add(p: argparse.ArgumentParser) -> None:
+        import importlib
+
+        importlib.import_module(module).add_arguments(p)
+    return add
+
+
 COMMANDS = (
     ("pretrain", "train (or load from cache) the base model of a config", _add_pretrain),
     ("demo", "pretrain (cached), run a few iterations on an embedded Dask cluster, write a "
@@ -371,6 +382,14 @@ COMMANDS = (
     ("bench", "run a benchmark and write its JSON", _add_bench),
     ("audit", "print a run's per-iteration audit table from its store; with "
               "--iteration/--request, write one request's PNG strip", _add_audit),
+    ("report", "write one self-contained HTML report of a run (finished or running) from its "
+               "store", _command_module("pipelines.front.html_report")),
+    ("deploy", "generate deployment specs (Kubernetes, SLURM) from a run config",
+     _command_module("pipelines.deploy.cli")),
+    ("serve-reward", "serve a reward (OCR, GenEval) over HTTP for runs on other machines",
+     _command_module("pipelines.front.reward_server")),
+    ("check-gpu", "measure a rollout and a training step at real size against the sizing "
+                  "model, and run the pipeline on CUDA", _command_module("pipelines.front.check_gpu")),
 )
 
 

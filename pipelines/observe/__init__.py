@@ -9,6 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from pipelines.observe.live import live_observers
+from pipelines.observe.tracking import tracking_observers
+
 log = logging.getLogger("spotlight.observe")
 
 
@@ -41,7 +44,4 @@ class Observers:
 
 def build_observers(session: Any) -> list[Any]:
     """The observers a Session's config asks for (trackers; the dashboard's live page)."""
-    from pipelines.observe.live import live_observers
-    from pipelines.observe.tracking import tracking_observers
-
     return tracking_observers(session) + live_observers(session)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from storage.manifest import stage_key
+
 STAGE = "validation-grids"
 THUMBNAIL = 128     # pixels, longest side
 MAX_IMAGES = 32     # per grid: enough to see a trend, small enough to store every validation
@@ -54,8 +56,6 @@ def save_grid(store, grid: ValidationGrid) -> None:
 
 def load_grids(store) -> list[ValidationGrid]:
     """Every stored grid of the run, by weights version (none for runs made before grids)."""
-    from storage.manifest import stage_key
-
     names = sorted(n[: -len(".json")] for n in store.location.list_names(stage_key(STAGE))
                    if n.startswith("weights-") and n.endswith(".json"))
     out = []
