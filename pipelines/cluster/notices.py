@@ -48,8 +48,10 @@ class NoticeSource:
         raise NotImplementedError
 
 
-def _request(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
-    """(status, body) for any HTTP reply, 4xx/5xx included; network errors raise OSError."""
+def metadata_request(method: str, url: str, headers: dict[str, str],
+                     timeout_s: float) -> tuple[int, str]:
+    """(status, body) for any HTTP reply, 4xx/5xx included; network errors raise OSError.
+    Every metadata read of the project goes through here (notices, a worker's class)."""
     req = urllib.request.Request(url, method=method, headers=headers)
     try:
         with _OPENER.open(req, timeout=timeout_s) as resp:
@@ -87,19 +89,26 @@ class AwsNotice(NoticeSource):
         super().__init__()
         self.url, self.token_url, self.timeout_s, self.clock = url, token_url, timeout_s, clock
 
-    def _token(self) -> str | None:
-        try:
-            status, body = _request("PUT", self.token_url,
-                                    {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, self.timeout_s)
-        except (OSError, http.client.HTTPException):
-            return None
-        return (body.strip() or None) if status == 200 else None
-
     def _poll(self) -> Notice | None:
-        token = self._token()
-        headers = {"X-aws-ec2-metadata-token": token} if token else {}
-        status, body = _request("GET", self.url, headers, self.timeout_s)
+        status, body = aws_get(self.url, self.token_url, self.timeout_s)
         return aws_notice(status, body, self.url, self.clock())
+
+
+def aws_token(token_url: str, timeout_s: float) -> str | None:
+    """An IMDSv2 session token, or None where none can be had (IMDSv1 answers without one)."""
+    try:
+        status, body = metadata_request("PUT", token_url,
+                                        {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, timeout_s)
+    except (OSError, http.client.HTTPException):
+        return None
+    return (body.strip() or None) if status == 200 else None
+
+
+def aws_get(url: str, token_url: str, timeout_s: float) -> tuple[int, str]:
+    """GET an EC2 instance metadata path with an IMDSv2 token when the service gives one."""
+    token = aws_token(token_url, timeout_s)
+    headers = {"X-aws-ec2-metadata-token": token} if token else {}
+    return metadata_request("GET", url, headers, timeout_s)
 
 
 class GcpNotice(NoticeSource):
@@ -111,7 +120,8 @@ class GcpNotice(NoticeSource):
         self.url, self.timeout_s = url, timeout_s
 
     def _poll(self) -> Notice | None:
-        status, body = _request("GET", self.url, {"Metadata-Flavor": "Google"}, self.timeout_s)
+        status, body = metadata_request("GET", self.url, {"Metadata-Flavor": "Google"},
+                                        self.timeout_s)
         return gcp_notice(status, body, self.url)
 
 
@@ -125,13 +135,21 @@ class AzureNotice(NoticeSource):
         self.url, self.timeout_s, self.clock = url, timeout_s, clock
 
     def _poll(self) -> Notice | None:
-        status, body = _request("GET", self.url, {"Metadata": "true"}, self.timeout_s)
+        status, body = metadata_request("GET", self.url, {"Metadata": "true"}, self.timeout_s)
         return azure_notice(status, body, self.url, self.clock())
 
 
-def _aws_token_url(url: str) -> str:
+def same_host(url: str, path: str) -> str:
+    """``path`` (a query may follow it) on the scheme and host of ``url``: another endpoint of
+    the same metadata service, a mock one included."""
     parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/latest/api/token", "", ""))
+    path, _, query = path.partition("?")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+
+
+def aws_token_url(url: str) -> str:
+    """The IMDSv2 token endpoint of the metadata service that serves ``url``."""
+    return same_host(url, "/latest/api/token")
 
 
 def build_sources(names: Iterable[str], *, file_path: str = "", aws_url: str = "",
@@ -149,7 +167,7 @@ def build_sources(names: Iterable[str], *, file_path: str = "", aws_url: str = "
             sources.append(FileNotice(file_path))
         elif name == "aws":
             # A custom instance-action URL (a mock IMDS) gets its token from the same host.
-            sources.append(AwsNotice(aws_url, _aws_token_url(aws_url)) if aws_url else AwsNotice())
+            sources.append(AwsNotice(aws_url, aws_token_url(aws_url)) if aws_url else AwsNotice())
         elif name == "gcp":
             sources.append(GcpNotice(gcp_url or GCP_URL))
         elif name == "azure":

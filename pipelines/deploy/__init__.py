@@ -1,0 +1,1 @@
+"""Deployment recipes: Kubernetes manifests and SLURM job scripts for a run config."""
