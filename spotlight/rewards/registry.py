@@ -2,7 +2,9 @@
 
 A reward is a ``RewardFn``: ``(images (B, 3, H, W) float32 in [0, 1], prompts) -> (B,) float64
 in [0, 1]``, also telling the held-out accuracy of the recogniser it reads with, which the
-benchmark reports next to every reward curve.
+benchmark reports next to every reward curve. With ``reward.service.url`` set, the reward is
+computed by a reward service over HTTP (``spotlight serve-reward``; docs/reward-service.md) and
+``build_reward`` returns its client, :class:`~spotlight.rewards.service.ServiceReward`.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from spotlight.config import RewardConfig
 from spotlight.models.prompts import Prompt
+from spotlight.rewards.service import ServiceReward
 
 
 class RewardFn(Protocol):
@@ -46,7 +49,11 @@ def register_reward(name: str) -> Callable[[RewardBuilder], RewardBuilder]:
 
 
 def build_reward(config: RewardConfig) -> RewardFn:
-    """The reward named by ``config.name``, built with the config's recogniser settings."""
+    """The reward named by ``config.name``, built with the config's recogniser settings; with
+    ``config.service.url`` set, a client of the reward service there, which must serve that
+    reward (the name need not be registered here: a server may register its own)."""
+    if config.service.url:
+        return ServiceReward(config)
     if config.name not in REWARDS:
         raise ValueError(f"RewardConfig.name = {config.name!r} is not a registered reward; "
                          f"choose one of {sorted(REWARDS)}")
