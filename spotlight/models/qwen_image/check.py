@@ -19,7 +19,8 @@ def check_qwen_image(config) -> None:
     from diffusers import QwenImageTransformer2DModel
 
     resolve_dtype(config.model.dtype)
-    folder = local_folder(config.model.weights)   # names a missing component; copies a URL once
+    # names a missing component; copies a URL once; of a Hub id, fetches only the config files
+    folder = local_folder(config.model.weights, configs_only=True)
     vae = json.loads((folder / "vae" / "config.json").read_text())
     scale = 2 ** len(vae.get("temperal_downsample", []))
     check_resolution(*image_size(config), scale)

@@ -1,6 +1,8 @@
 """Where a Qwen-Image policy's components come from: a local folder, an object-storage URL
-(copied once to a local cache through fsspec and checksummed), or ``tiny`` (tiny random
-components built offline into the cache, then loaded exactly like real weights).
+(copied once to a local cache through fsspec and checksummed), a Hugging Face Hub id such as
+``Qwen/Qwen-Image[@revision]`` (fetched once per machine into the Hub cache and checksummed: see
+:mod:`.hub`), or ``tiny`` (tiny random components built offline into the cache, then loaded
+exactly like real weights).
 
 A folder has diffusers' layout: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``
 (and ``scheduler/``, ``model_index.json``), each as its library's ``save_pretrained`` wrote it.
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from spotlight.models.qwen_image.hub import hub_folder, parse_hub_id
 from spotlight.staging import StagingError, cache_root, publish, staged_folder
 
 # Component folder -> the file that shows it is there (what save_pretrained writes first).
@@ -59,24 +62,29 @@ def resolve_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def local_folder(weights: str) -> Path:
-    """A local folder holding the components of ``weights`` (a path, a URL, or ``tiny``)."""
+def local_folder(weights: str, configs_only: bool = False) -> Path:
+    """A local folder holding the components of ``weights`` (a path, a URL, a Hub id or
+    ``tiny``); with ``configs_only`` a Hub id fetches only their JSON files (what a check reads)."""
     if weights == TINY:
         return _tiny_folder()
+    hub = parse_hub_id(weights)          # a folder of the same name wins
+    if hub is not None:
+        return hub_folder(*hub, weights, list(REQUIRED), check_folder, configs_only)
     try:
         return staged_folder(weights, "model.weights", check_folder)
     except WeightsError:
         raise
     except StagingError as err:
         raise WeightsError(f"{err}; expected a Qwen-Image weights folder with "
-                           f"{sorted(REQUIRED)} (or 'tiny')") from None
+                           f"{sorted(REQUIRED)} (or a Hub id, or 'tiny')") from None
 
 
 def check_folder(folder: Path, named: str) -> None:
     """An error naming every missing component and what was expected, before any load."""
     if not folder.is_dir():
         raise WeightsError(f"model.weights {named!r}: no such folder; expected a Qwen-Image "
-                           f"weights folder with {sorted(REQUIRED)} (or 'tiny')")
+                           f"weights folder with {sorted(REQUIRED)}, a Hub id such as "
+                           "Qwen/Qwen-Image[@revision], or 'tiny'")
     missing = [f"{name}/{marker}" for name, marker in REQUIRED.items()
                if not (folder / name / marker).is_file()]
     if missing:
