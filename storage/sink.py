@@ -1,7 +1,9 @@
 """LatentSink: commit denoising-step latents off the critical path.
 
 ``commit`` validates and copies the latent into a bounded queue (blocking when it is full, so
-memory stays bounded) and returns. One background thread drains the queue in batches: it writes
+memory stays bounded) and returns. A latent on a CUDA device is copied into pinned host memory
+without waiting for the device (the background thread waits for that copy instead), so a
+denoising loop on the GPU never stalls on streaming. One background thread drains the queue in batches: it writes
 a batch's chunks concurrently, then the touched requests' commit markers -- always after the
 chunks they cover, so commits stay ordered per request. ``flush`` waits until everything queued
 is committed and re-raises the first background error; after an error the sink is failed and
@@ -210,6 +212,7 @@ class LatentSink:
     def _write_batch(self, work: list[_Item]) -> None:
         if not work:
             return
+        work = [it._replace(latent=_arrived(it.latent)) for it in work]
         # 1. Open (or create) the arrays of requests first seen in this batch, concurrently.
         first: dict[tuple[str, str], _Item] = {}
         for item in work:
@@ -310,9 +313,37 @@ class _ItemError(Exception):
         self.item, self.cause = item, cause
 
 
-def _as_array(latent: Any, request: str, step: int) -> np.ndarray:
+class _DeviceCopy:
+    """A latent on its way from a CUDA device into pinned host memory: ``array`` is the host
+    buffer (shape and dtype are known at once), readable once :meth:`wait` has returned."""
+
+    def __init__(self, tensor: Any) -> None:
+        import torch   # only ever reached with a CUDA tensor, when torch is loaded
+
+        # Non-blocking to the host lands in pinned memory; the event marks the copy's end on
+        # the stream the step loop runs on (later kernels there may reuse the source).
+        self.host = tensor.detach().to("cpu", non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(tensor.device))
+        self.array = self.host.numpy()
+        self.shape, self.dtype = self.array.shape, self.array.dtype
+
+    def wait(self) -> np.ndarray:
+        self.event.synchronize()
+        return self.array
+
+
+def _arrived(latent: Any) -> np.ndarray:
+    """A queued latent as a host array (waiting for its device copy if it is one)."""
+    return latent.wait() if isinstance(latent, _DeviceCopy) else latent
+
+
+def _as_array(latent: Any, request: str, step: int) -> np.ndarray | _DeviceCopy:
     kind = type(latent).__name__
     try:
+        if getattr(latent, "is_cuda", False) and latent.dtype.is_floating_point \
+                and latent.dtype.itemsize >= 4:
+            return _DeviceCopy(latent)   # fresh pinned memory of its own: no copy below
         if hasattr(latent, "detach"):  # a torch tensor, without importing torch
             latent = latent.detach().cpu().numpy()  # a view; copied just below
         arr = np.array(latent, copy=True, order="C")  # the caller may reuse its buffer

@@ -78,7 +78,7 @@ class RolloutChunk:
         file = rollout_store.request_file(self.name, where.attempt)
         if member is None or member.leads:
             rollout_store.save_request(run.ctx.store, where.stage, self.name, where.attempt,
-                                       traj.log_probs.numpy())
+                                       traj.log_probs.cpu().numpy())
         record = run.record(samples=self.seeds.size, **(
             {} if member is None else {"sp_degree": member.size}))
         return RolledOut(self.name, run.progress["resumed_from"], record, file)
@@ -106,8 +106,8 @@ def rollout_task(config, store, request: tasks.RolloutRequest,
             traj = sample_streamed(ctx, texts, chunk.seeds, keys,
                                    chunk.streamed.as_attempt(attempt))
             rollout_store.save_request(store, chunk.streamed.stage, chunk.name, attempt,
-                                       traj.log_probs.numpy(), None if config.stream_latents
-                                       else traj.latents.numpy())
+                                       traj.log_probs.cpu().numpy(), None if config.stream_latents
+                                       else traj.latents.cpu().numpy())
             trajectories.append(traj)
         out = tasks.RolloutOutput(request.iteration, Trajectory.concat(trajectories),
                                   tasks.task_record("rollout", request.iteration, start,

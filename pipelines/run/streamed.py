@@ -177,7 +177,9 @@ def sample_streamed(ctx: WorkerContext, prompts: list[str], seeds: np.ndarray, k
         def commit(step: int, x: torch.Tensor) -> None:
             if sink is None:
                 return
-            sink.commit(name, step, x.numpy(), num_steps=steps, weights_version=version,
+            # The tensor as it is (on the GPU too): the sink copies it to the host through
+            # pinned memory without stalling this loop.
+            sink.commit(name, step, x, num_steps=steps, weights_version=version,
                         labels=labels, attempt=request.attempt)
             if progress is not None and step > 0:
                 progress["last_step_at"] = time.time()

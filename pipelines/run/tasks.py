@@ -142,6 +142,17 @@ class WorkerContext:
         return RolloutOutput(iteration, traj, {})
 
 
+def on_host(state):
+    """A copy of a (nested) state dict whose tensors are all on the host."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: on_host(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_host(v) for v in state)
+    return state
+
+
 _CONTEXTS_LOCK = threading.Lock()
 
 
@@ -237,8 +248,11 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
         finally:
             trainer.peers = None
         ctx.version = ctx.trainer_version = version + 1
-        weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
-        optimizer_state = trainer.optimizer.state_dict()
+        # On the host: the result travels to the checkpoint writer and the driver, which need
+        # no GPU (and would hold a CUDA context in every process that unpickled it).
+        weights = {k: v.detach().to("cpu", copy=True)
+                   for k, v in trainer.policy.state_dict().items()}
+        optimizer_state = on_host(trainer.optimizer.state_dict())
     info = {} if peers is None else {"data_parallel": peers.world}
     return {"weights": weights, "optimizer_state": optimizer_state, "stats": stats,
             "record": task_record("train", rollout.iteration, start, version, **info)}

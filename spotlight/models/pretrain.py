@@ -37,9 +37,10 @@ class PretrainResult:
 
 
 def base_model_dir(config: RunConfig) -> Path:
-    # The model fields without ``policy`` (only the digits policy is pretrained here): base
-    # models cached before the field existed keep their key.
-    model = {k: v for k, v in dataclasses.asdict(config.model).items() if k != "policy"}
+    # The model fields without ``policy`` (only the digits policy is pretrained here) and
+    # ``device`` (where it runs): base models cached before those fields existed keep their key.
+    model = {k: v for k, v in dataclasses.asdict(config.model).items()
+             if k not in ("policy", "device")}
     key = config_hash(config.world.task, config.world.canvas_height, config.world.canvas_width,
                       config.world.glyphs_per_class, model, config.pretrain, CODE_VERSION)
     return cache_dir() / f"base-{config.world.task}-{key}"

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from spotlight.config import SamplerConfig
+from spotlight.models.device import module_device, to_device
 from spotlight.rl.noise import INITIAL_STEP, SampleKey, batch_noise
 from spotlight.rl.sde import gaussian_log_prob, sigma_schedule, step_distribution
 
@@ -124,26 +125,32 @@ def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerCon
     ``num_steps`` overrides the number of model evaluations (an exploration replay, see
     :func:`step_grid`). ``on_step(t, x)`` is called with the latent after each step t, so callers
     can stream it to storage.
+
+    Every tensor of the loop lives on the policy's device; the noise, drawn on the host from
+    each sample's own generator (the same numbers on any device), goes there without waiting,
+    and nothing in the loop reads the device back: the trajectory stays there.
     """
     if len(prompts) != len(keys):
         raise ValueError(f"sample: {len(prompts)} prompts but {len(keys)} sample keys")
     grid = step_grid(config, num_steps, mode, schedule_of(policy, config))
     sigmas, kinds = grid.sigmas, grid.kinds
-    steps = len(kinds)
+    steps, device = len(kinds), module_device(policy)
     x = initial_latents(keys, policy.tokens_shape) if start_latents is None else start_latents.float()
-    latents = torch.zeros(len(keys), steps + 1, *policy.tokens_shape)
+    x = to_device(x, device)
+    latents = torch.zeros(len(keys), steps + 1, *policy.tokens_shape, device=device)
     latents[:, start_step] = x
-    log_probs = torch.zeros(len(keys), steps)
+    log_probs = torch.zeros(len(keys), steps, device=device)
     text = policy.encode(prompts)
-    sigma_cap = float(sigmas[1])
+    sigma_cap, sigmas_there = float(sigmas[1]), to_device(sigmas, device)
     for t in range(start_step, steps):
         sigma, sigma_next = float(sigmas[t]), float(sigmas[t + 1])
-        v = policy.velocity(x, sigmas[t:t + 1], text)
+        v = policy.velocity(x, sigmas_there[t:t + 1], text)
         dist = step_distribution(kinds[t], x, v, sigma, sigma_next, config.noise_level, sigma_cap)
-        if kinds[t] == "ode" or float(dist.std.max()) == 0.0:
+        if kinds[t] == "ode" or dist.deterministic:
             x = dist.mean
         else:
-            x = dist.mean + dist.std.view(-1, 1, 1) * batch_noise(keys, t, policy.tokens_shape)
+            noise = to_device(batch_noise(keys, t, policy.tokens_shape), device)
+            x = dist.mean + dist.std.view(-1, 1, 1) * noise
             log_probs[:, t] = gaussian_log_prob(x, dist)
         latents[:, t + 1] = x
         if on_step is not None:
@@ -153,8 +160,9 @@ def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerCon
 
 def transition_distribution(policy, traj_latents: torch.Tensor, t: int, sigmas: torch.Tensor,
                             text, config: SamplerConfig):
-    """Recompute step t's distribution for latents ``traj_latents[:, t]`` under ``policy`` (with grad)."""
+    """Recompute step t's distribution for latents ``traj_latents[:, t]`` under ``policy`` (with
+    grad), on the device the latents are on."""
     x = traj_latents[:, t]
-    v = policy.velocity(x, sigmas[t:t + 1], text)
+    v = policy.velocity(x, to_device(sigmas[t:t + 1], x.device), text)
     return step_distribution(step_kinds(config)[t], x, v, float(sigmas[t]), float(sigmas[t + 1]),
                              config.noise_level, float(sigmas[1]))

@@ -15,10 +15,18 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 @dataclass(frozen=True)
 class StepDistribution:
-    """Gaussian over the next latent: ``mean`` and a per-sample scalar ``std`` (0 = deterministic)."""
+    """Gaussian over the next latent: ``mean`` and a per-sample scalar ``std`` (0 = deterministic).
+
+    ``scale`` is that std as a host number (every sample's is the same): whether a step is
+    deterministic is known without reading the device."""
 
     mean: torch.Tensor
-    std: torch.Tensor  # (B,) broadcastable after view
+    std: torch.Tensor  # (B,) broadcastable after view, on the mean's device
+    scale: float | None = None
+
+    @property
+    def deterministic(self) -> bool:
+        return self.scale == 0.0 if self.scale is not None else float(self.std.max()) == 0.0
 
 
 def sigma_schedule(num_steps: int, shift: float = 1.0) -> torch.Tensor:
@@ -46,8 +54,9 @@ def flow_sde_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float, si
     denominator = 1.0 - (sigma_cap if sigma >= 1.0 else sigma)
     std_t = noise_level * math.sqrt(sigma / denominator)
     mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
-    std = torch.full((x.shape[0],), std_t * math.sqrt(-dt), dtype=torch.float32)
-    return StepDistribution(mean, std)
+    scale = std_t * math.sqrt(-dt)
+    std = torch.full((x.shape[0],), scale, dtype=torch.float32, device=x.device)
+    return StepDistribution(mean, std, scale)
 
 
 def cps_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float, sigma_next: float,
@@ -62,8 +71,8 @@ def cps_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float, sigma_n
     data = x - sigma * v
     noise = x + (1 - sigma) * v
     mean = data * (1 - sigma_next) + noise * math.sqrt(max(sigma_next**2 - std_t**2, 0.0))
-    std = torch.full((x.shape[0],), std_t, dtype=torch.float32)
-    return StepDistribution(mean, std)
+    std = torch.full((x.shape[0],), std_t, dtype=torch.float32, device=x.device)
+    return StepDistribution(mean, std, std_t)
 
 
 def ode_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float,
@@ -71,7 +80,8 @@ def ode_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float,
     """Deterministic Euler step of the probability-flow ODE."""
     x = sample.float()
     mean = x + velocity.float() * (sigma_next - sigma)
-    return StepDistribution(mean, torch.zeros(x.shape[0], dtype=torch.float32))
+    return StepDistribution(mean, torch.zeros(x.shape[0], dtype=torch.float32, device=x.device),
+                            0.0)
 
 
 def gaussian_log_prob(value: torch.Tensor, dist: StepDistribution) -> torch.Tensor:

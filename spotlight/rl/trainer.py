@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from spotlight.config import RunConfig
+from spotlight.models.device import module_device, to_device
 from spotlight.models.prompts import Prompt
 from spotlight.rl.grpo import Advantages, group_advantages, learning_rate, ppo_clipped_loss
 from spotlight.rl.noise import SampleKey, derive_seed, prompt_id
@@ -42,6 +43,7 @@ class IterationStats:
     clip_fraction: float = 0.0
     approx_kl: float = 0.0
     kl_to_reference: float = 0.0
+    learning_rate: float = 0.0
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -162,13 +164,13 @@ class FlowGRPO:
         kept = np.repeat(advantages.kept, advantages.values.shape[1])
         steps = self.trained_steps(rollout, iteration)
         totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        lr = learning_rate(grpo.lr, iteration, grpo.lr_decay_iterations, grpo.lr_min_fraction)
         if not kept.any() or not steps:
-            return totals
+            return {**totals, "learning_rate": lr}
         traj, updates = rollout.trajectory, 0
         # Set every iteration (not stepped by a scheduler), so a resumed run gets the same rate.
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(grpo.lr, iteration, grpo.lr_decay_iterations,
-                                        grpo.lr_min_fraction)
+            group["lr"] = lr
         rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 53))
         self.policy.train()
         for _ in range(grpo.inner_epochs):
@@ -180,7 +182,7 @@ class FlowGRPO:
                     totals[key] += stats[key]
                 updates += 1
         self.policy.eval()
-        return {k: v / updates for k, v in totals.items()}
+        return {**{k: v / updates for k, v in totals.items()}, "learning_rate": lr}
 
     def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                 steps: list[int]) -> dict[str, float]:
@@ -203,9 +205,13 @@ class FlowGRPO:
 
     def _backward(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                   steps: list[int], share: float) -> dict[str, float]:
-        """Accumulate the gradient of ``share`` x the mean loss over rows ``idx``."""
+        """Accumulate the gradient of ``share`` x the mean loss over rows ``idx``, on the
+        policy's device (a trajectory read back from the store is on the host)."""
         grpo, sampler = self.config.grpo, self.config.sampler
-        latents, old_log_probs = traj.latents[idx], traj.log_probs[idx]
+        device = module_device(self.policy)
+        latents, old_log_probs = (to_device(traj.latents[idx], device),
+                                  to_device(traj.log_probs[idx], device))
+        adv = to_device(adv, device)
         with torch.set_grad_enabled(grpo.trainable == "all"):
             text = self.policy.encode(texts)
         ref_text = None

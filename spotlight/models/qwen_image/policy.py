@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from spotlight.models.base import register_base, register_decoder, register_policy
+from spotlight.models.device import autocast, module_device, place, resolve_device, to_device
 from spotlight.models.qwen_image.template import PROMPT_TEMPLATE, TEMPLATE_DROP
 from spotlight.models.qwen_image.weights import (Components, load_components, local_folder,
                                                  resolve_dtype, scheduler_sigmas)
@@ -31,12 +32,22 @@ PREFIX = "transformer."   # diffusers' LoRA state-dict prefix for the transforme
 
 @register_policy("qwen-image", prompt_store=True)
 def qwen_image_policy(config) -> "QwenImagePolicy":
-    """``model.policy: qwen-image``: the components of ``model.weights``, adapter freshly
-    initialised (a checkpoint's state then replaces it). The text encoder is loaded only when a
-    prompt is not in the prompt store (see :meth:`QwenImagePolicy.use_prompt_store`)."""
-    components = load_components(config.model.weights, resolve_dtype(config.model.dtype),
+    """``model.policy: qwen-image``: the components of ``model.weights`` on ``model.device``,
+    adapter freshly initialised (a checkpoint's state then replaces it). The text encoder is
+    loaded only when a prompt is not in the prompt store (see
+    :meth:`QwenImagePolicy.use_prompt_store`)."""
+    device = resolve_device(config.model.device)
+    components = load_components(config.model.weights, placement_dtype(config.model.dtype, device),
                                  text_encoder=False)
-    return QwenImagePolicy(components, config.model, *image_size(config))
+    return QwenImagePolicy(components, config.model, *image_size(config), device=device)
+
+
+def placement_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``model.dtype`` for weights on ``device``: 'auto' is bfloat16 on a CUDA device (as the
+    published weights are), float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return resolve_dtype(name)
 
 
 def image_size(config) -> tuple[int, int]:
@@ -54,7 +65,8 @@ def qwen_image_base(config, progress: bool = True) -> "QwenImagePolicy":
 class QwenImagePolicy(nn.Module):
     """Implements :class:`spotlight.models.base.Policy` over QwenImage components."""
 
-    def __init__(self, components: Components, model_config, height: int, width: int) -> None:
+    def __init__(self, components: Components, model_config, height: int, width: int,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.height, self.width = height, width
         self.vae_scale = 2 ** len(components.vae.temperal_downsample)
@@ -68,6 +80,11 @@ class QwenImagePolicy(nn.Module):
             _add_lora(self.transformer, model_config)
         if model_config.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
+        # Every module, the adapter included, on the one device every step computes on.
+        self.device = torch.device(device) if device is not None else \
+            module_device(self.transformer)
+        for module in (self.transformer, self.vae):
+            place(module, self.device)
         self.true_cfg, self.negative_prompt = model_config.true_cfg, model_config.negative_prompt
         self._prompt_cache: dict[str, torch.Tensor] = {}
         self._prompt_store: Callable[[str], np.ndarray | None] | None = None
@@ -91,13 +108,17 @@ class QwenImagePolicy(nn.Module):
 
     @property
     def text_encoder(self) -> nn.Module:
-        self.components.load_text_encoder()
-        return self.components.text_encoder
+        return self._load_text_encoder()
 
     @property
     def tokenizer(self) -> Any:
-        self.components.load_text_encoder()
+        self._load_text_encoder()
         return self.components.tokenizer
+
+    def _load_text_encoder(self) -> nn.Module:
+        """The text encoder, loaded on first use and placed on this policy's device."""
+        self.components.load_text_encoder()
+        return place(self.components.text_encoder, self.device)
 
     def use_prompt_store(self, lookup: Callable[[str], np.ndarray | None],
                          save: Callable[[str, np.ndarray], None] | None = None) -> None:
@@ -110,13 +131,13 @@ class QwenImagePolicy(nn.Module):
     def embed_prompt(self, prompt: str) -> np.ndarray:
         """(tokens, dim) float32 embedding of one prompt, as ``QwenImagePipeline.encode_prompt``
         computes it (template, text encoder's last hidden state, template prefix dropped)."""
-        self.components.load_text_encoder()
-        tokenizer, encoder = self.components.tokenizer, self.components.text_encoder
-        tokens = tokenizer([PROMPT_TEMPLATE.format(prompt)], return_tensors="pt",
-                           truncation=True, max_length=1024 + TEMPLATE_DROP)
-        out = encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask,
+        encoder = self._load_text_encoder()
+        tokens = self.components.tokenizer([PROMPT_TEMPLATE.format(prompt)], return_tensors="pt",
+                                           truncation=True, max_length=1024 + TEMPLATE_DROP)
+        out = encoder(input_ids=tokens.input_ids.to(self.device),
+                      attention_mask=tokens.attention_mask.to(self.device),
                       output_hidden_states=True)
-        return out.hidden_states[-1][0, TEMPLATE_DROP:].float().numpy()
+        return out.hidden_states[-1][0, TEMPLATE_DROP:].float().cpu().numpy()
 
     def prompt_embedding(self, prompt: str) -> torch.Tensor:
         """One prompt's embedding: remembered, else from the prompt store, else computed."""
@@ -131,11 +152,19 @@ class QwenImagePolicy(nn.Module):
         return cached
 
     def encode(self, prompts: list[str]) -> "Conditioning":
-        """Padded prompt embeddings and masks; with true CFG also the negative prompt's."""
-        negative = (_pad([self.prompt_embedding(self.negative_prompt)] * len(prompts),
-                         self._dtype) if self.true_cfg > 1 else None)
-        return Conditioning(*_pad([self.prompt_embedding(p) for p in prompts], self._dtype),
-                            negative)
+        """Padded prompt embeddings and masks on this policy's device; with true CFG also the
+        negative prompt's."""
+        negative = (self._padded([self.prompt_embedding(self.negative_prompt)] * len(prompts))
+                    if self.true_cfg > 1 else None)
+        return Conditioning(*self._padded([self.prompt_embedding(p) for p in prompts]), negative)
+
+    def _padded(self, embeddings: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Embeddings padded into one batch on the device, and their mask -- None where no
+        token is padding, as QwenImagePipeline passes it (attention then takes its fastest,
+        unmasked kernel); decided on the host, so it costs the device nothing."""
+        embedding, mask = _pad(embeddings, self._dtype)
+        return (to_device(embedding, self.device),
+                None if bool(mask.all()) else to_device(mask, self.device))
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -163,11 +192,12 @@ class QwenImagePolicy(nn.Module):
                               embedding: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h, w = self.latent_hw
         dtype = self._dtype
-        out = self.transformer(
-            hidden_states=latents.to(dtype), encoder_hidden_states=embedding,
-            encoder_hidden_states_mask=mask,
-            timestep=sigma.expand(latents.shape[0]).to(dtype),
-            img_shapes=[[(1, h // 2, w // 2)]] * latents.shape[0], return_dict=False)[0]
+        with autocast(self.device, dtype):
+            out = self.transformer(
+                hidden_states=latents.to(self.device, dtype), encoder_hidden_states=embedding,
+                encoder_hidden_states_mask=mask,
+                timestep=sigma.to(self.device).expand(latents.shape[0]).to(dtype),
+                img_shapes=[[(1, h // 2, w // 2)]] * latents.shape[0], return_dict=False)[0]
         return out.to(latents.dtype)
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
@@ -224,9 +254,10 @@ def vae_decode(vae: nn.Module, latents: torch.Tensor, latent_hw: tuple[int, int]
     z = vae.config.z_dim
     b = latents.shape[0]
     x = latents.detach().view(b, h // 2, w // 2, z, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    x = x.reshape(b, z, 1, h, w).to(vae.dtype)
+    x = x.reshape(b, z, 1, h, w).to(vae.device, vae.dtype)
     mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(x.dtype)
     std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(x.dtype)
+    mean, std = to_device(mean, x.device), to_device(std, x.device)
     image = vae.decode(x * std + mean, return_dict=False)[0][:, :, 0]
     return ((image.float().clamp(-1, 1) + 1) / 2).cpu().numpy().astype(np.float32)
 
@@ -257,6 +288,10 @@ class _AdapterOff:
 
     def __init__(self, policy: QwenImagePolicy) -> None:
         self.policy = policy
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
 
     def encode(self, prompts: list[str]) -> "Conditioning":
         return self.policy.encode(prompts)

@@ -1,0 +1,1 @@
+"""Tests of the GPU check and of device placement (run on the CPU)."""

@@ -1,0 +1,95 @@
+"""``spotlight check-gpu`` at tiny size on the CPU: every part runs in its own process and the
+record holds every key the GPU run will fill; a part cut off by its time limit is recorded as
+such; the wheel bundle names what the GPU image lacks (nothing is downloaded here)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.gpu import bundle
+from pipelines.gpu.record import PARTS, Record, expected_keys, missing_keys
+from spotlight import main
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.mark.slow
+def test_check_gpu_at_tiny_size_completes_and_writes_every_key(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    code = main(["check-gpu", "--device", "cpu", "--json", str(path),
+                 "--timeout-per-part", "600", "--work-dir", str(tmp_path)])
+    data = json.loads(path.read_text())
+    assert code == 0, (capsys.readouterr(), data.get("parts"))
+    assert missing_keys(data, "tiny") == [] and data["check"]["missing_keys"] == []
+    assert {p: data["parts"][p]["status"] for p in PARTS} == dict.fromkeys(PARTS, "done")
+    assert data["check"]["size"] == "tiny" and data["environment"]["device"] == "cpu"
+    # The sizing model counts the transformer and the adapter the check built.
+    model = data["steps"]["model"]
+    assert model["transformer_params"] == model["predicted_transformer_params"] > 0
+    assert model["trainable_params"] == model["predicted_trainable_params"] > 0
+    for scale in ("32", "64"):
+        for kind in ("rollout", "train"):
+            step = data["steps"][scale][kind]
+            assert step["seconds"] > 0 and step["predicted_seconds"] > 0
+            assert step["seconds_ratio"] == pytest.approx(step["seconds"] /
+                                                          step["predicted_seconds"])
+            assert step["memory_ratio"] == pytest.approx(step["peak_gib"] /
+                                                         step["predicted_gib"])
+    assert data["steps"]["64"]["rollout"]["image_tokens"] == \
+        4 * data["steps"]["32"]["rollout"]["image_tokens"]
+    pipeline = data["pipeline"]
+    assert pipeline["iterations"]["completed"] == 2
+    assert {w: placed["policy_devices"] for w, placed in
+            pipeline["iterations"]["workers_device"].items()} == {"gpu-0": ["cpu"],
+                                                                   "spot-0": ["cpu"]}
+    resumed = pipeline["preempt_resume"]
+    assert resumed["preempted"] and resumed["resumed_from"] > 0
+    assert resumed["equal"] and resumed["max_abs_diff"] == 0.0
+    # The CPU computes a request again, and resumed, bit for bit, whatever the algorithms.
+    for mode in ("default", "deterministic"):
+        assert data["determinism"][mode]["rerun"]["equal"]
+        assert data["determinism"][mode]["resume"]["equal"]
+    for part in PARTS:
+        assert (tmp_path / f"check.{part}.log").is_file()
+
+
+def test_a_part_past_its_time_limit_is_killed_and_recorded_and_the_others_still_run(tmp_path):
+    path = tmp_path / "cut.json"
+    # A tenth of a second: the part's process is killed while it still imports.
+    code = main(["check-gpu", "--device", "cpu", "--json", str(path), "--sections",
+                 "steps,determinism", "--timeout-per-part", "0.1"])
+    data = json.loads(path.read_text())
+    assert code == 1
+    assert [data["parts"][p]["status"] for p in ("steps", "determinism")] == ["timeout"] * 2
+    assert data["check"]["finished_at"] and "pipeline" not in data["parts"]
+
+
+def test_unknown_sections_are_named(tmp_path, capsys):
+    assert main(["check-gpu", "--device", "cpu", "--json", str(tmp_path / "x.json"),
+                 "--sections", "steps,gpus"]) == 2
+    assert "--sections 'steps,gpus': unknown ['gpus']" in capsys.readouterr().err
+
+
+def test_the_record_is_rewritten_whole_after_every_figure(tmp_path):
+    record = Record(tmp_path / "r.json")
+    record.update("steps.512.rollout", {"seconds": 1.5, "peak_gib": float("nan")})
+    assert json.loads(record.path.read_text()) == \
+        {"steps": {"512": {"rollout": {"seconds": 1.5, "peak_gib": None}}}}
+    record.merge("steps.512.rollout", {"oom": True})
+    assert record.read()["steps"]["512"]["rollout"] == {"seconds": 1.5, "peak_gib": None,
+                                                         "oom": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]   # no temporary left behind
+    assert "steps.1280.train.memory_ratio" in expected_keys("real")
+    assert "steps.1280.train.memory_ratio" in missing_keys(record.read(), "real")
+
+
+def test_the_bundle_brings_what_the_gpu_image_lacks_and_nothing_it_has():
+    pins = bundle.closure()
+    assert {"diffusers", "dask", "distributed", "zarr", "numcodecs", "tornado",
+            "google-crc32c"} <= set(pins)
+    assert not {"torch", "transformers", "peft", "numpy", "fsspec", "xarray"} & set(pins)
+    # importlib_metadata is a requirement of dask only below Python 3.12; diffusers needs it.
+    assert "importlib-metadata" in pins
+    line = bundle.device_command(".whl")
+    assert "\n" not in line and "--no-deps" in line and "pipelines.front.check_gpu" in line
