@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
+# The dashboard's Spotlight page, loaded into the scheduler it serves (named, not imported: the
+# scheduler imports it; `dask scheduler --preload` takes the same name).
+SPOTLIGHT_PAGE = "pipelines.observe.dashboard_page"
 _WAIT_POLL_S = 0.5
 
 
@@ -284,7 +287,9 @@ def start_embedded(config: ClusterConfig, *, log_file: str | Path) -> ClusterHan
     workers.update({f"spot-{i}": worker_spec(f"spot-{i}", SPOT, config, log_file)
                     for i in range(spot)})
     scheduler = {"cls": Scheduler, "options": {
-        "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0"}}
+        "host": LOOPBACK, "dashboard": config.dashboard, "dashboard_address": f"{LOOPBACK}:0",
+        "preload": [*dask.config.get("distributed.scheduler.preload", []),   # the user's too
+                    *([SPOTLIGHT_PAGE] if config.dashboard else [])]}}
     use_start_method(config.start_method)
     settings = {"distributed.scheduler.work-stealing": False,
                 MALLOC_TRIM_KEY: None, **QUIET_EVENT_LOOPS}

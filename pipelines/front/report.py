@@ -32,8 +32,9 @@ def image_grid(images: np.ndarray, labels: list[str], path: str | Path, *, colum
 
 
 def reward_curve(curves: dict[str, list[dict]], path: str | Path, *, x: str = "iteration",
-                 title: str = "validation reward") -> Path:
-    """Plot one or more validation curves (lists of {x: ..., 'val_reward': ...})."""
+                 title: str = "validation reward", y: str = "val_reward",
+                 ylabel: str = "mean validation reward") -> Path:
+    """Plot one or more curves (lists of {x: ..., y: ...}; by default validation rewards)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,9 +44,9 @@ def reward_curve(curves: dict[str, list[dict]], path: str | Path, *, x: str = "i
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, curve in curves.items():
-        ax.plot([p[x] for p in curve], [p["val_reward"] for p in curve], marker="o", label=name)
+        ax.plot([p[x] for p in curve], [p[y] for p in curve], marker="o", label=name)
     ax.set_xlabel(x.replace("_", " "))
-    ax.set_ylabel("mean validation reward")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

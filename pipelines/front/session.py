@@ -25,6 +25,7 @@ from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupte
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
 from pipelines.observe import Observers, build_observers
+from pipelines.observe.run_view import RunView
 from pipelines.run.tasks import stage_name
 from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
                               load_config)
@@ -167,10 +168,7 @@ class Session:
 
     # --- running --------------------------------------------------------------------------------
     def completed_iterations(self) -> int:
-        k = 0
-        while self.store.is_stage_done(stage_name(k, "iteration")):
-            k += 1
-        return k
+        return self.view.completed_iterations()
 
     def _validate_after(self, k: int, target: int) -> bool:
         return (k + 1) % self.config.validation.every == 0 or k + 1 >= target
@@ -230,12 +228,13 @@ class Session:
 
     # --- what users look at ---------------------------------------------------------------------
     @property
+    def view(self) -> RunView:
+        """The run as its store holds it (what ``spotlight report`` reads)."""
+        return RunView(self.store)
+
+    @property
     def results(self) -> list[IterationResult]:
-        out, k = [], 0
-        while (record := self.store.stage_record(stage_name(k, "iteration"))) is not None:
-            out.append(IterationResult(**record["info"]["result"]))
-            k += 1
-        return out
+        return self.view.results
 
     @property
     def history(self):
@@ -248,26 +247,15 @@ class Session:
 
     def task_records(self) -> list[dict]:
         """Every task of the completed iterations: stage, worker, start, end, weights version."""
-        out = []
-        for k in range(self.completed_iterations()):
-            out += self.store.get_json(stage_name(k, "iteration"), "tasks")["tasks"]
-        return out
+        return self.view.tasks()
 
     def val_curve(self) -> list[dict]:
         """Validation reward by iteration (0 = the base model), with wall seconds since the start."""
-        base = self.store.stage_record("base-validation")
-        results = self.results
-        t0 = results[0].start if results else 0.0
-        curve = [] if base is None else [{"iteration": 0, "wall_s": 0.0,
-                                          "val_reward": float(base["info"]["mean_reward"])}]
-        curve += [{"iteration": r.iteration + 1, "wall_s": r.end - t0, "val_reward": r.val_reward}
-                  for r in results if r.val_reward is not None]
-        return curve
+        return self.view.val_curve()
 
     @property
     def base_val_reward(self) -> float | None:
-        record = self.store.stage_record("base-validation")
-        return None if record is None else float(record["info"]["mean_reward"])
+        return self.view.base_val_reward
 
     @property
     def dashboard_link(self) -> str | None:

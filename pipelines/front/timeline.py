@@ -119,11 +119,13 @@ def idle_share(runs: Sequence[Sequence[dict]], cls: str = "spot") -> float | Non
     return idle / total if total > 0 else None
 
 
-def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None = None) -> Path:
+def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None = None,
+                  marks: Sequence[dict] = ()) -> Path:
     """Save a PNG with one lane per worker and a bar per task, coloured by stage.
 
     Grey bands behind the bars span each iteration's train tasks, so exploration on the spot
-    lanes can be seen overlapping training.
+    lanes can be seen overlapping training. ``marks`` ({"worker", "at", "mark"}: a worker
+    killed, told to go or lost at time ``at``) are drawn on their workers' lanes.
     """
     _check(tasks)
     if not tasks:
@@ -137,7 +139,8 @@ def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = min(t["start"] for t in tasks)
-    classes = {t["worker"]: worker_class(t) for t in tasks}
+    classes = {m["worker"]: worker_class(m) for m in marks} | \
+        {t["worker"]: worker_class(t) for t in tasks}   # a worker lost before any task: a lane
     lanes = sorted(classes, key=lambda w: _lane_key(str(w), classes[w]))
     row = {w: i for i, w in enumerate(lanes)}
     stages = list(dict.fromkeys(t["stage"] for t in tasks))
@@ -164,9 +167,28 @@ def plot_timeline(tasks: Sequence[dict], path: str | Path, *, title: str | None 
     ax.grid(axis="x", alpha=0.3, zorder=1)
     handles = [Patch(color=colour[s], label=s) for s in stages]
     handles.append(Patch(color="0.88", label="train span"))
+    handles += _draw_marks(ax, marks, row, t0)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
               frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+MARK_STYLES = {"kill": ("X", "red"), "lost": ("x", "black"), "notice": ("v", "darkorange"),
+               "hand-back": ("<", "purple"), "silent": ("d", "gray")}
+
+
+def _draw_marks(ax, marks: Sequence[dict], row: dict, t0: float) -> list:
+    """Markers for ``marks`` on their lanes; the legend handles of the kinds drawn."""
+    from matplotlib.lines import Line2D
+
+    handles = []
+    for kind in dict.fromkeys(m["mark"] for m in marks):
+        symbol, colour = MARK_STYLES.get(kind, ("o", "red"))
+        these = [m for m in marks if m["mark"] == kind]
+        ax.scatter([m["at"] - t0 for m in these], [row[m["worker"]] for m in these], s=70,
+                   marker=symbol, color=colour, zorder=3)
+        handles.append(Line2D([], [], marker=symbol, color=colour, linestyle="", label=kind))
+    return handles

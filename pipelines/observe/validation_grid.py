@@ -58,9 +58,18 @@ def load_grids(store) -> list[ValidationGrid]:
     """Every stored grid of the run, by weights version (none for runs made before grids)."""
     names = sorted(n[: -len(".json")] for n in store.location.list_names(stage_key(STAGE))
                    if n.startswith("weights-") and n.endswith(".json"))
-    out = []
-    for name in names:
-        meta, arrays = store.get_json(STAGE, name), store.get_arrays(STAGE, name)
-        out.append(ValidationGrid(int(meta["version"]), arrays["images"], arrays["rewards"],
-                                  list(meta["labels"]), float(meta["mean_reward"])))
-    return out
+    return [_read(store, name) for name in names]
+
+
+def load_grid(store, version: int) -> ValidationGrid | None:
+    """The stored grid of weights ``version``, or None if that version was not validated."""
+    name = f"weights-{version:05d}"
+    if not store.location.exists(stage_key(STAGE), f"{name}.json"):
+        return None
+    return _read(store, name)
+
+
+def _read(store, name: str) -> ValidationGrid:
+    meta, arrays = store.get_json(STAGE, name), store.get_arrays(STAGE, name)
+    return ValidationGrid(int(meta["version"]), arrays["images"], arrays["rewards"],
+                          list(meta["labels"]), float(meta["mean_reward"]))

@@ -47,6 +47,8 @@ class IterationResult:
     plan_budget_s: float | None = None
     plan_overrun: bool | None = None       # exploration ran past the training window
     preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
+    approx_kl: float | None = None         # PPO's approximate KL to the rollout policy (None:
+    learning_rate: float | None = None     # ... and the step's rate; recorded before they were)
 
     @property
     def wall_s(self) -> float:
@@ -103,4 +105,10 @@ class IterationState:
             plan_steps=plan.steps if plan else None,
             plan_predicted_s=plan.predicted_s if plan else None,
             plan_budget_s=plan.budget_s if plan else None, plan_overrun=self.overrun,
-            preemptions=self.preemptions)
+            preemptions=self.preemptions, approx_kl=_optional(info.get("approx_kl")),
+            learning_rate=_optional(info.get("learning_rate")))
+
+
+def _optional(value: Any) -> float | None:
+    """A train statistic that a stage recorded by older code may lack."""
+    return None if value is None else float(value)

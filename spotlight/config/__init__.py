@@ -31,12 +31,13 @@ from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, C
                                        PretrainConfig,
                                        RewardConfig,
                                        SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
+from spotlight.config.tracking import TrackingConfig, check_trackers
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
            "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
            "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
            "ModelConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
-           "SamplerConfig", "TLSConfig", "ValidationConfig", "WorldConfig"]
+           "SamplerConfig", "TLSConfig", "TrackingConfig", "ValidationConfig", "WorldConfig"]
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,7 @@ class RunConfig(Validated):
     injector: InjectorConfig = field(default_factory=InjectorConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     source: str = field(default="<defaults>", metadata={"help": "File this config came from."})
 
     def to_dict(self) -> dict:
@@ -349,6 +351,10 @@ def check_files(config: "RunConfig") -> None:
         raise ConfigError(f"{config.source}: cost: {err}") from None
     for key in ("ca_file", "cert", "key"):
         must_exist(f"cluster.tls.{key}", getattr(config.cluster.tls, key))
+    try:
+        check_trackers(config.tracking)
+    except ConfigError as err:
+        raise ConfigError(f"{config.source}: {err}") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spotlight.config.base import ConfigError, Validated, spec
+from spotlight.config.placement import DevicePlacement
+from spotlight.config.reward_service import RewardServiceConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,7 +39,7 @@ class WorldConfig(Validated):
 
 
 @dataclass(kw_only=True, frozen=True)
-class ModelConfig(Validated):
+class ModelConfig(DevicePlacement):
     """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
 
     policy: str = spec("digits", "Registered policy the workers build (spotlight.models.base: "
@@ -53,9 +55,9 @@ class ModelConfig(Validated):
                            "converted to velocity) or 'velocity'.", choices=("sample", "velocity"))
     max_prompt_tokens: int = spec(24, "Prompt tokens kept after word/digit tokenisation.",
                                   range=(4, 256))
-    weights: str = spec("", "Qwen-Image weights (policy 'qwen-image'): a folder or object-storage "
-                        "URL in diffusers' layout (transformer/, vae/, text_encoder/, tokenizer/, "
-                        "scheduler/), or 'tiny' for tiny random components built offline.")
+    weights: str = spec("", "Qwen-Image weights (policy 'qwen-image') in diffusers' layout: a "
+                        "folder, an object-storage URL, a Hugging Face Hub id (Qwen/Qwen-Image or "
+                        "Qwen/Qwen-Image@<revision>), or 'tiny' (tiny random, built offline).")
     lora_rank: int = spec(16, "LoRA rank on the transformer (policy 'qwen-image'); 0 trains every "
                           "transformer weight instead.", range=(0, 1024))
     lora_alpha: float = spec(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.",
@@ -84,7 +86,7 @@ class ModelConfig(Validated):
     def validate(self) -> None:
         if self.policy == "qwen-image" and not self.weights:
             raise ConfigError("model.weights is empty, but model.policy 'qwen-image' loads its "
-                              "components from it; set a weights folder or URL, or 'tiny'")
+                              "components from it; set a folder, a URL, a Hub id or 'tiny'")
         if self.attention_head_dim % 8:
             raise ConfigError(f"ModelConfig.attention_head_dim = {self.attention_head_dim} must be "
                               "divisible by 8 (split across three RoPE axes)")
@@ -104,21 +106,20 @@ class PretrainConfig(Validated):
 
 @dataclass(kw_only=True, frozen=True)
 class RewardConfig(Validated):
-    """Reward by registered name plus the digit recogniser behind it."""
+    """Reward by registered name, the models behind it, and where it runs (``service``)."""
 
     name: str = spec("ocr", "Registered reward name (see spotlight.rewards.REWARDS).")
     recognizer_epochs: int = spec(30, "Recogniser training epochs.", range=(1, 1000))
     recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
     ocr_engine: str = spec("rapidocr", "OCR engine of reward 'ocr-text' (real images): 'rapidocr' "
-                           "runs PP-OCR from the models inside its wheel, offline.",
-                           choices=("rapidocr", "transformers"))
-    ocr_model: str = spec("", "OCR engine 'transformers': a folder or object-storage URL of a "
-                          "vision-language OCR model (AutoModelForImageTextToText) and its "
-                          "processor, e.g. a staged DeepSeek-OCR-class model.")
+                           "runs PP-OCR, offline.", choices=("rapidocr", "transformers"))
+    ocr_model: str = spec("", "OCR engine 'transformers': a folder or object-storage URL of a VLM "
+                          "OCR model + processor (AutoModelForImageTextToText, e.g. DeepSeek-OCR).")
     detector: str = spec("", "Reward 'geneval-image': a folder or object-storage URL of a "
                          "transformers object-detection model and its image processor.")
     color_classifier: str = spec("", "Reward 'geneval-image': a folder or object-storage URL of a "
                                  "CLIP-style model and processor (colour clauses).")
+    service: RewardServiceConfig = field(default_factory=RewardServiceConfig)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -271,8 +272,7 @@ class FidelityConfig(Validated):
     floor: float = spec(0.3, "Rolling audit τ below this falls back.", range=(-1.0, 1.0))
     recover_margin: float = spec(0.05, "Return when the rolling audit τ reaches floor + margin.",
                                  range=(0.0, 1.0))
-    window: int = spec(5, "Audits in the rolling τ (one per audited iteration).",
-                       range=(1, 1000))
+    window: int = spec(5, "Audits in the rolling τ (one per audited iteration).", range=(1, 1000))
     min_iterations: int = spec(3, "Audited iterations before any decision.", range=(1, 1000))
     fallback: str = spec("sync", "While τ is low: 'sync' (explore with fresh weights on gpu "
                                  "workers) or 'random' seeds.", choices=("sync", "random"))
