@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipelines.cluster.cloud_class import ENV, PLUGIN_NAME
-from pipelines.cluster.connect import GPU, SPOT
+from pipelines.cluster.connect import GPU, SPOT, SPOTLIGHT_PAGE
 
 API_VERSION = "kubernetes.dask.org/v1"
 TLS_MOUNT = "/etc/spotlight/tls"
@@ -171,7 +171,8 @@ def _worker_group(opts: KubeOptions, worker_class: str, replicas: int) -> dict:
 def scheduler_args(opts: KubeOptions) -> list[str]:
     protocol = ["--protocol", "tls"] if opts.tls_secret else []
     return ["dask", "scheduler", "--port", str(SCHEDULER_PORT),
-            "--dashboard-address", f":{DASHBOARD_PORT}", *protocol, *_tls_args(opts)]
+            "--dashboard-address", f":{DASHBOARD_PORT}", "--preload", SPOTLIGHT_PAGE,
+            *protocol, *_tls_args(opts)]
 
 
 def _scheduler(opts: KubeOptions) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cluster.cloud_class import ENV
-from pipelines.cluster.connect import GPU, SPOT
+from pipelines.cluster.connect import GPU, SPOT, SPOTLIGHT_PAGE
 
 PRELOAD = "pipelines.cluster.cloud_class"
 TLS_FILES = ("ca.pem", "node.pem", "node.key")   # as pipelines.bench.pki.make_pki names them
@@ -137,4 +137,4 @@ def scheduler_command(opts: SlurmOptions) -> str:
     if opts.tls_dir:
         ca, cert, key = (str(Path(opts.tls_dir) / name) for name in TLS_FILES)
         tls = f" --protocol tls --tls-ca-file {ca} --tls-cert {cert} --tls-key {key}"
-    return f"dask scheduler --host {host} --port {port}{tls}"
+    return f"dask scheduler --host {host} --port {port} --preload {SPOTLIGHT_PAGE}{tls}"

@@ -59,7 +59,7 @@ CHANGES_THE_RUN = ("config", "set", "mode", "store", "preempt_trace", "time_scal
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.front.console import ConsoleProgress, dask_log_line
+    from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_line
     from pipelines.front.session import Session
 
     if args.dry_run:
@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"run: {session.url}  mode: {session.mode}")
         if dask_log_line(session):
             print(dask_log_line(session))
-        print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
+        print(dashboard_line(session), flush=True)
         goal = args.iterations if args.iterations is not None else session.config.iterations
         done = session.completed_iterations()
         remaining = max(goal - done, 0)

@@ -39,6 +39,16 @@ def dask_log_line(session: Any) -> str | None:
     return f"dask log: {path} (Dask's own messages)"
 
 
+def dashboard_line(session: Any) -> str:
+    """Dask's dashboard and its Spotlight tab (served where the scheduler preloads
+    pipelines.observe.dashboard_page, as the embedded one does)."""
+    link = session.dashboard_link
+    if not link:
+        return "dashboard: not available"
+    base = link[: -len("/status")] if link.endswith("/status") else link.rstrip("/")
+    return f"dashboard: {link}  (this run live: {base}/spotlight)"
+
+
 def preemption_line(kind: str, info: dict) -> str | None:
     """What an operator on spot capacity needs to hear, as it happens (None: nothing to say)."""
     if kind == "dispatch" and info.get("what") == "starved":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.front.console import ConsoleProgress, dask_log_line
+from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_line
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
@@ -37,7 +37,7 @@ def run_demo(config: RunConfig, iterations: int | None = None,
         print(f"run store: {session.url}")
         if dask_log_line(session):
             print(dask_log_line(session))
-        print(f"dashboard: {session.dashboard_link or 'not available'}", flush=True)
+        print(dashboard_line(session), flush=True)
         session.run(iterations)
         driver, results = session.driver, session.results
         before, after = driver.first_validation, driver.last_validation

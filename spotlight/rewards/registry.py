@@ -14,6 +14,7 @@ import numpy as np
 
 from spotlight.config import RewardConfig
 from spotlight.models.prompts import Prompt
+from spotlight.rewards.batch import check_canvases
 from spotlight.rewards.service import ServiceReward
 
 
@@ -77,13 +78,7 @@ def check_rewards(values: np.ndarray, where: str) -> np.ndarray:
 
 def check_batch(images: np.ndarray, prompts: Sequence[Prompt], task: str, reward: str) -> None:
     """Refuse a batch whose shape, length or prompt family does not fit reward ``reward``."""
-    images = np.asarray(images)
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"reward '{reward}' expects canvases of shape (B, 3, H, W), "
-                         f"got {images.shape}")
-    if len(prompts) != len(images):
-        raise ValueError(f"reward '{reward}' got {len(images)} canvases but {len(prompts)} "
-                         "prompts; pass one prompt per canvas")
+    check_canvases(images, prompts, reward)
     wrong = [i for i, p in enumerate(prompts) if p.task != task]
     if wrong:
         raise ValueError(f"reward '{reward}' scores '{task}' prompts, but prompts {wrong[:10]} are "

@@ -25,6 +25,7 @@ import numpy as np
 from spotlight.config import RewardConfig
 from spotlight.config.reward_service import PIXEL_ENCODINGS
 from spotlight.models.prompts import ObjectClause, Prompt
+from spotlight.rewards.batch import check_canvases
 
 PROTOCOL = 1
 HEALTH_PATH = "/health"
@@ -350,12 +351,7 @@ class ServiceReward:
 
     def __call__(self, images: np.ndarray, prompts: Sequence[Prompt]) -> np.ndarray:
         images = np.asarray(images)
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"reward '{self.name}' expects canvases of shape (B, 3, H, W), "
-                             f"got {images.shape}")
-        if len(prompts) != len(images):
-            raise ValueError(f"reward '{self.name}' got {len(images)} canvases but "
-                             f"{len(prompts)} prompts; pass one prompt per canvas")
+        check_canvases(images, prompts, self.name)
         if self.settings.pixels == "uint8":
             bad = np.flatnonzero(~np.isfinite(images.reshape(len(images), -1)).all(axis=1))
             if len(bad):

@@ -113,6 +113,7 @@ def test_the_scheduler_speaks_tls_behind_the_operators_service(generated, pki):
     assert container["args"][:2] == ["dask", "scheduler"]
     options = scheduler_options(_mounted(container["args"][2:], Path(pki.ca_file).parent))
     assert (options["protocol"], int(options["port"])) == ("tls", 8786)
+    assert options["preload"] == ("pipelines.observe.dashboard_page",)   # the Spotlight page
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"tcp-comm": 8786, "http-dashboard": 8787}
     service = scheduler["service"]

@@ -104,8 +104,8 @@ def test_the_scripts_are_valid_bash(scripts):
 def test_printed_next_steps(scripts, pki):
     _, out, folder = scripts
     assert f"sbatch {folder}/spotlight-gpu.sbatch && sbatch {folder}/spotlight-spot.sbatch" in out
-    assert ("dask scheduler --host 10.0.0.5 --port 8786 --protocol tls --tls-ca-file "
-            f"{pki.ca_file}") in out
+    assert ("dask scheduler --host 10.0.0.5 --port 8786 --preload "
+            f"pipelines.observe.dashboard_page --protocol tls --tls-ca-file {pki.ca_file}") in out
     assert f"spotlight run --config configs/digits.yaml --scheduler {SCHEDULER}" in out
 
 
@@ -118,7 +118,8 @@ def test_in_a_cloud_the_workers_also_watch_its_metadata(tmp_path):
     assert options["preload"] == (PRELOAD,) and options["resources"] == "spot=1"
     assert "export SPOTLIGHT_CLOUDS=aws" in script
     assert not any(d.startswith("--gres") for d in _lines(script, "#SBATCH"))
-    assert scheduler_command(opts) == "dask scheduler --host login --port 8786"
+    assert scheduler_command(opts) == ("dask scheduler --host login --port 8786 "
+                                       "--preload pipelines.observe.dashboard_page")
 
 
 def test_no_spot_workers_writes_only_the_gpu_script(tmp_path, spotlight):
