@@ -3,11 +3,11 @@
 ``commit`` validates and copies the latent into a bounded queue (blocking when it is full, so
 memory stays bounded) and returns. A latent on a CUDA device is copied into pinned host memory
 without waiting for the device (the background thread waits for that copy instead), so a
-denoising loop on the GPU never stalls on streaming. One background thread drains the queue in batches: it writes
-a batch's chunks concurrently, then the touched requests' commit markers -- always after the
-chunks they cover, so commits stay ordered per request. ``flush`` waits until everything queued
-is committed and re-raises the first background error; after an error the sink is failed and
-refuses further work (what was committed before stays committed and readable).
+denoising loop on the GPU never stalls on streaming. One background thread drains the queue in
+batches: it writes a batch's chunks concurrently, then the touched requests' commit markers --
+always after the chunks they cover, so commits stay ordered per request. ``flush`` waits until
+everything queued is committed and re-raises the first background error; after an error the sink
+is failed and refuses further work (what was committed before stays committed and readable).
 
 Markers are coalesced: a request's marker is written at most ``commit_interval_s`` after the
 first chunk it does not yet cover (at once for a request's final step, and on ``flush`` and
