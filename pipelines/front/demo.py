@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_line
+from pipelines.front.html_report import write_report
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
@@ -61,6 +62,7 @@ def run_demo(config: RunConfig, iterations: int | None = None,
         "wall_s": results[-1].end - results[0].start if results else 0.0,
         "cost_usd": results[-1].cost_total_usd if results else 0.0}
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(url, report_dir / "report.html")   # the whole run in one page, from its store
     print(f"validation reward before RL: {before['mean_reward']:.3f}")
     print(f"validation reward after RL:  {after['mean_reward']:.3f}  "
           f"(change {after['mean_reward'] - before['mean_reward']:+.3f})")
@@ -68,7 +70,7 @@ def run_demo(config: RunConfig, iterations: int | None = None,
         print(f"exploration: {summary['explored']}/{summary['planned']} candidates scored, "
               f"{overlap:.0%} of it while the gpu worker was busy")
     print(f"cost: ${summary['cost_usd']:.4f} at the configured cloud prices")
-    print(f"report: {report_dir}/ (validation_before.png, validation_after.png, reward_curve.png, "
-          "timeline.png, summary.json)")
+    print(f"report: {report_dir}/report.html (the whole run; also validation_before.png, "
+          "validation_after.png, reward_curve.png, timeline.png, summary.json)")
     print(f"audit: spotlight audit {url}")
     return summary

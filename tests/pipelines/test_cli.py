@@ -36,8 +36,11 @@ def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
                  "--store", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "validation reward before RL" in out and "validation reward after RL" in out
-    for name in ("validation_before.png", "validation_after.png", "reward_curve.png", "timeline.png"):
+    for name in ("validation_before.png", "validation_after.png", "reward_curve.png", "timeline.png",
+                 "report.html"):
         assert (report / name).stat().st_size > 0
+    page = (report / "report.html").read_text()
+    assert all(f'<section id="{s}">' in page for s in ("summary", "rewards", "timeline", "cost"))
     summary = json.loads((report / "summary.json").read_text())
     assert summary["iterations"] == 2 and [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
 
