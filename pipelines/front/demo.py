@@ -16,14 +16,14 @@ from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_li
 from pipelines.front.html_report import write_report
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
+from pipelines.observe.validation_grid import validation_labels
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from spotlight.config import RunConfig
 
 
 def _grid(validation: dict, prompts, path: Path) -> None:
     rewards = validation["rewards"]
-    seeds = rewards.shape[1]
-    labels = [(p.target or p.text) for p in prompts[: rewards.shape[0]] for _ in range(seeds)]
+    labels = validation_labels(prompts, rewards)
     image_grid(validation["images"][:32].astype(np.float32), labels[:32], path,
                rewards=rewards.reshape(-1)[:32])
 

@@ -34,6 +34,14 @@ def thumbnails(images: np.ndarray, size: int = THUMBNAIL) -> np.ndarray:
     return (small.transpose(0, 2, 3, 1) * 255).round().astype(np.uint8)
 
 
+def validation_labels(prompts, rewards: np.ndarray) -> list[str]:
+    """One label per validation image, prompt-major as validation draws them (``rewards`` is
+    (prompts, seeds)): the prompt's target text (digits) or its text."""
+    rewards = np.asarray(rewards)
+    seeds = int(rewards.shape[1]) if rewards.ndim > 1 else 1
+    return [(p.target or p.text) for p in prompts[: int(rewards.shape[0])] for _ in range(seeds)]
+
+
 def grid_of(version: int, images: np.ndarray, rewards: np.ndarray, labels: list[str],
             mean_reward: float) -> ValidationGrid:
     """The stored grid of one validation: the first MAX_IMAGES images, one label each."""

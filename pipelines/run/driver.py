@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipelines.observe.validation_grid import grid_of, save_grid
+from pipelines.observe.validation_grid import grid_of, save_grid, validation_labels
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
@@ -347,19 +347,13 @@ class Driver:
                           self.on("train"))
         self.last_validation = out
         self.first_validation = self.first_validation or out
-        grid = grid_of(version, out["images"], out["rewards"], self._val_labels(out["rewards"]),
+        grid = grid_of(version, out["images"], out["rewards"], validation_labels(self.val_prompts, out["rewards"]),
                        out["mean_reward"])
         save_grid(self.store, grid)   # once per version: inside the stage log's ``once``
         self.emit("validation_done", iteration=max(version - 1, 0), version=version, grid=grid)
         if records is not None:
             records.append(out["record"])
         return ValidationResult(float(out["mean_reward"]), version, out["record"])
-
-    def _val_labels(self, rewards: np.ndarray) -> list[str]:
-        """One label per validation image: the prompt's target text (digits) or its text."""
-        seeds = int(np.asarray(rewards).shape[1]) if np.ndim(rewards) > 1 else 1
-        prompts = self.val_prompts[: int(np.asarray(rewards).shape[0])]
-        return [(p.target or p.text) for p in prompts for _ in range(seeds)]
 
     def _append_rewards(self, k: int, prompts: list[Prompt], selection: Selection,
                         rewards: np.ndarray, adv: dict, tau: float | None,
