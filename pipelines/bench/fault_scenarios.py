@@ -129,8 +129,10 @@ def clean_run(bench: Bench) -> dict:
 
 
 def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) -> dict:
-    """``detect_s``: the link down -> the request's worker declared silent (the run's event
-    log). ``recover_s``: silent -> the last moved request finished elsewhere. After the heal
+    """``detect_s``: the link down -> the pool's first notice of the cut-off worker in the run's
+    event log: ``silent`` (no committed step within the silence limit) or ``worker_lost``
+    (Dask dropped the connection), whichever comes first; on a loaded machine either can.
+    ``recover_s``: that notice -> the last moved request finished elsewhere. After the heal
     the cut-off worker's late writes must stay out of every stored trajectory."""
     url = bench.cluster.store_url("partition")
     driver = Driver.start(bench.cluster, *bench.run_args(url))
@@ -146,16 +148,18 @@ def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) ->
     bench.bed.heal(host)
     time.sleep(10.0)   # the healed worker's attempt writes on, and is fenced
     store = bench.store(url)
-    silent = [e for e in store.read_events() if e.get("kind") == "request"
-              and e.get("what") == "silent" and e.get("worker") == host]
+    notices = sorted((e for e in store.read_events() if e.get("kind") == "request"
+                      and e.get("what") in ("silent", "worker_lost") and e.get("worker") == host),
+                     key=lambda e: e["at"])
     given_up = given_up_attempts(dispatch_logs(store, bench.iterations), epoch=1)
     ends = [store.latents.commit_record(g.stage, g.request).get("updated_at", 0.0)
             for g in given_up]
-    detected = silent[0]["at"] if silent else None
+    detected = notices[0]["at"] if notices else None
     out = bench.outcome(url, cut)
     out["foreign_writes"] += foreign_lineage_steps(store, given_up)
     return {**out, "detect_s": None if detected is None else detected - cut,
             "recover_s": None if detected is None or not ends else max(ends) - detected,
+            "detected_by": notices[0]["what"] if notices else None,
             "moved_requests": len(given_up), "host": host, "healed_after_s": heal_after_s}
 
 
