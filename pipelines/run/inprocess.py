@@ -15,7 +15,8 @@ from spotlight.config import RunConfig
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
-from spotlight.rl.trainer import FlowGRPO, IterationStats, iteration_prompts, random_seeds
+from spotlight.rl.objectives import build_trainer
+from spotlight.rl.trainer import IterationStats, iteration_prompts, random_seeds
 from spotlight.rl.validation import ValidationResult, validate
 
 
@@ -40,7 +41,7 @@ class InProcessRun:
         self.reward_fn = build_reward(config.reward)
         self.train_prompts = world_prompts(config, "train")
         self.val_prompts = world_prompts(config, "val")
-        self.trainer = FlowGRPO(config, self.policy, self.reward_fn, check_rewards)
+        self.trainer = build_trainer(config, self.policy, self.reward_fn, check_rewards)
         self.history = RunHistory()
         self.last_validation: ValidationResult | None = None
         self._start = time.monotonic()

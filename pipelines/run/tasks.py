@@ -28,6 +28,7 @@ from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import Advantages, group_advantages
 from spotlight.rl.sampler import Trajectory, schedule_of, step_grid, trainable_steps
+from spotlight.rl.objectives import build_trainer
 from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
@@ -120,7 +121,7 @@ class WorkerContext:
         """The trainer whose weights and optimizer state are those of ``version``."""
         if self.trainer is None:
             self.policy_at(0)   # the frozen KL reference is the base model
-            self.trainer = FlowGRPO(self.config, self.policy, self.reward_fn, check_rewards)
+            self.trainer = build_trainer(self.config, self.policy, self.reward_fn, check_rewards)
             self.trainer_version = 0 if self.version == 0 else None
         if self.trainer_version != version or self.version != version:
             checkpoint = self.store.load_checkpoint(version)

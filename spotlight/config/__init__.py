@@ -31,12 +31,13 @@ from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, C
                                        PretrainConfig,
                                        RewardConfig,
                                        SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
+from spotlight.config.objective import ObjectiveConfig
 from spotlight.config.tracking import TrackingConfig, check_trackers
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
            "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
            "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
-           "ModelConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
+           "ModelConfig", "ObjectiveConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
            "SamplerConfig", "TLSConfig", "TrackingConfig", "ValidationConfig", "WorldConfig"]
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.
@@ -66,6 +67,7 @@ class RunConfig(Validated):
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     mode: str = spec("spotlight", "; ".join(f"'{m.name}' ({m.summary})" for m in MODES.values())
                      + ".", choices=MODE_NAMES)

@@ -171,6 +171,7 @@ class FlowGRPO:
         # Set every iteration (not stepped by a scheduler), so a resumed run gets the same rate.
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        self.prepare(rollout, kept, steps, iteration)
         rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 53))
         self.policy.train()
         for _ in range(grpo.inner_epochs):
@@ -183,6 +184,10 @@ class FlowGRPO:
                 updates += 1
         self.policy.eval()
         return {**{k: v / updates for k, v in totals.items()}, "learning_rate": lr}
+
+    def prepare(self, rollout: Rollout, kept: np.ndarray, steps: list[int], iteration: int) -> None:
+        """What an objective computes once per iteration, before its first optimizer step
+        (Flow-GRPO: nothing -- the rollout recorded its old log-probabilities)."""
 
     def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                 steps: list[int]) -> dict[str, float]:
@@ -212,12 +217,7 @@ class FlowGRPO:
         latents, old_log_probs = (to_device(traj.latents[idx], device),
                                   to_device(traj.log_probs[idx], device))
         adv = to_device(adv, device)
-        with torch.set_grad_enabled(grpo.trainable == "all"):
-            text = self.policy.encode(texts)
-        ref_text = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_text = self.reference.encode(texts)
+        text, ref_text = self.encode_prompts(texts)
         out = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
         for t in steps:
             dist = transition_distribution(self.policy, latents, t, traj.sigmas, text, sampler)
@@ -235,6 +235,16 @@ class FlowGRPO:
             out["clip_fraction"] += stats["clip_fraction"] * share / len(steps)
             out["approx_kl"] += stats["approx_kl"] * share / len(steps)
         return out
+
+    def encode_prompts(self, texts: list[str]):
+        """The prompts' embeddings under the policy (with grad when the encoder trains) and
+        under the frozen reference (None without one)."""
+        with torch.set_grad_enabled(self.config.grpo.trainable == "all"):
+            text = self.policy.encode(texts)
+        if self.reference is None:
+            return text, None
+        with torch.no_grad():
+            return text, self.reference.encode(texts)
 
     def _sum_over_peers(self, out: dict[str, float]) -> dict[str, float]:
         for p in self.parameters:   # a peer with no rows (or no path to p) adds zeros

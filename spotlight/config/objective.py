@@ -1,0 +1,37 @@
+"""The training objective: Flow-GRPO's policy gradient, or a forward-process objective.
+
+``flow-grpo`` trains on the SDE rollout's per-step log-probabilities (PPO-clipped ratios); its
+few-step variant (Flow-GRPO-Fast, MixGRPO) is the same objective with a narrow
+``sampler.sde_window_size``: ODE steps outside the window, and only the window's steps trained.
+``nft`` is a forward-process objective in the manner of DiffusionNFT: the rollout's clean
+samples are re-noised at fresh noise levels and trained with the flow-matching loss, pulled
+toward an implicit positive policy in proportion to the reward and away through a negative one;
+it needs no log-probabilities, so any sampler may produce the samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spotlight.config.base import Validated, spec
+
+OBJECTIVES = ("flow-grpo", "nft")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ObjectiveConfig(Validated):
+    """What the train stage optimises (the rollout, rewards and group advantages are shared)."""
+
+    kind: str = spec("flow-grpo", "'flow-grpo' = PPO-clipped policy gradient on the SDE steps' "
+                                  "log-probabilities (narrow sampler.sde_window_size for the "
+                                  "Flow-GRPO-Fast / MixGRPO variant); 'nft' = forward-process "
+                                  "flow matching toward reward-weighted implicit positive and "
+                                  "negative policies (DiffusionNFT's objective).",
+                     choices=OBJECTIVES)
+    nft_beta: float = spec(1.0, "nft: how far the implicit policies sit from the sampling "
+                                "policy: v+ = (1 - b) v_old + b v, v- = (1 + b) v_old - b v.",
+                           range=(1e-3, 10.0))
+    nft_timesteps: int = spec(4, "nft: noise levels each sample is trained at per iteration, "
+                                 "one per equal slice of [nft_sigma_min, 1).",
+                              range=(1, 1000))
+    nft_sigma_min: float = spec(0.02, "nft: lowest noise level trained (near 0 the loss only "
+                                      "sees pixels, not structure).", range=(0.0, 0.99))
