@@ -21,6 +21,11 @@ off it -- these three at equal exploration budget (the same candidates and repla
 exploration with the planner, which picks the candidates and replay steps per iteration to fit
 the exploration window the ``stale`` cluster run measured (``spotlight-xR``: on R times the spot
 capacity). The exploration deadline is off: the harness replays every planned candidate.
+
+Each mode may also run behind another training objective (:mod:`pipelines.bench.bench_modes`:
+``nft-vanilla`` is DiffusionNFT's objective without exploration, the strong baseline;
+``nft-spotlight`` Spotlight's exploration on top of it), so what exploration adds is measured
+against the best objective alone, not only against vanilla Flow-GRPO.
 """
 from __future__ import annotations
 
@@ -36,8 +41,9 @@ import torch
 
 from pipelines.bench.registry import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
-from pipelines.bench.paired import (Job, PairedPlan, PairedStore, cluster_part, planned_ratio,
-                                    run_jobs, session_mode)
+from pipelines.bench.bench_modes import (SEED_MODES, known_mode, objective_settings,
+                                         planned_ratio, seed_mode, session_mode, stale_of)
+from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
 from pipelines.front.session import Session
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.exploration.planner import exploration_window_s
@@ -46,7 +52,6 @@ from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
-MODES = ("vanilla", "sync", "stale", "spotlight", "rlboost")
 DEFAULT_MODES = ("vanilla", "sync", "stale", "spotlight")
 TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
                 "geneval": shipped_config("digits-geneval.yaml")}
@@ -143,8 +148,8 @@ def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
         return False
     url = store.folder / "runs" / name
     shutil.rmtree(url, ignore_errors=True)   # a cut-off cluster run starts over
-    store.save(name, run_until(plan.config.with_values({"seed": seed}), mode, str(url), target,
-                               plan.budget or plan.iterations))
+    config = plan.config.with_values({"seed": seed, **objective_settings(mode)})
+    store.save(name, run_until(config, mode, str(url), target, plan.budget or plan.iterations))
     return True
 
 
@@ -154,13 +159,16 @@ def _check_options(task: str, config: str | None, seeds: int, modes: tuple[str, 
         raise ValueError(f"--task {task!r} is not known; choose one of {sorted(TASK_CONFIGS)}")
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be at least 1 (paired run seeds per mode)")
-    unknown = [m for m in modes if m not in MODES and planned_ratio(m) is None]
+    unknown = [m for m in modes if not known_mode(m)]
     if unknown or len(set(modes)) != len(modes):
-        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(MODES)} "
-                         "or spotlight-xR (the planner with R times the spot capacity)")
-    if any(planned_ratio(m) for m in modes) and "stale" not in modes:
-        raise ValueError(f"--modes {','.join(modes)}: spotlight modes plan on the time the "
-                         "stale mode's cluster run measures; add stale")
+        raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(SEED_MODES)} "
+                         "or spotlight-xR (the planner with R times the spot capacity), each "
+                         "optionally behind an objective: nft-MODE (DiffusionNFT's objective), "
+                         "fast-MODE (a two-step SDE window)")
+    missing = sorted({stale_of(m) for m in modes if planned_ratio(m)} - set(modes))
+    if missing:
+        raise ValueError(f"--modes {','.join(modes)}: spotlight modes plan on the time their "
+                         f"objective's stale mode's cluster run measures; add {', '.join(missing)}")
     if iterations is not None and iterations < 1:
         raise ValueError(f"--iterations {iterations} must be at least 1")
 
@@ -179,10 +187,14 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
                       overrides: dict | None = None, modes: list[str] | None = None,
                       iterations: int | None = None, workers: int | None = None,
                       resume: bool = False, cluster_seeds: int = 1, budget: int | None = None,
-                      **_: object) -> dict:
+                      product: str | None = None, **_: object) -> dict:
     seeds = seeds or (1 if quick else 8)
     modes = tuple(modes or DEFAULT_MODES)
     _check_options(task, config, seeds, modes, iterations)
+    if product is not None and product not in modes:
+        raise ValueError(f"--product {product} is not one of --modes {','.join(modes)}; name "
+                         "the mode whose speed-up the headline reports")
+    product = product or "spotlight"
     settings = dict(overrides or {})
     cluster_seeds = min(cluster_seeds, seeds)
     cfg = load_config(config or TASK_CONFIGS[task],
@@ -208,7 +220,8 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
              "target": goal, "seeds_asked": seeds, "modes": list(modes), "iterations": iterations,
              "budget": budget, "validation_every": every, "overrides": settings,
              "png": str(png), "parts": str(folder), "prompts_per_iteration": cfg.grpo.prompts_per_iteration,
-             "candidates": cfg.exploration.candidates, "group_size": cfg.grpo.group_size}
+             "candidates": cfg.exploration.candidates, "group_size": cfg.grpo.group_size,
+             "product": product}
     seed_list = [cfg.seed + s for s in range(seeds)]
 
     def report() -> dict:
@@ -227,7 +240,7 @@ def longest_first(modes: tuple[str, ...]) -> list[str]:
     """``modes`` in the order their jobs are started: the dearer first (stale exploration and
     its audits, then fresh exploration, then none), so two workers finish a seed together."""
     cost = {"vanilla": 2, "rlboost": 2, "sync": 1}
-    return sorted(modes, key=lambda m: (cost.get(m, 0), modes.index(m)))
+    return sorted(modes, key=lambda m: (cost.get(seed_mode(m), 0), modes.index(m)))
 
 
 def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
@@ -242,14 +255,23 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
         for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):
                 report()
-    name = cluster_part("stale", seed_list[0])
-    if len(timed) < len(modes) and "time_model" not in store.loaded.get(name, {"time_model": 0}):
-        store.loaded.pop(name)   # saved by a Spotlight that did not measure it: measure again
-        cluster_check(plan, store, "stale", seed_list[0], goal)
-    model = store.loaded.get(name, {}).get("time_model")
-    if model is None and len(timed) < len(modes):
-        raise RuntimeError("the stale cluster run measured no exploration, so the spotlight "
-                           "modes have no time to plan with")
-    run_jobs(plan, [Job(m, s, None if m in timed else tuple(model))
+    models = {stale: time_model(plan, store, stale, seed_list[0], goal)
+              for stale in {stale_of(m) for m in modes if m not in timed}}
+    run_jobs(plan, [Job(m, s, None if m in timed else models[stale_of(m)])
                     for s in seed_list for m in longest_first(modes)], store, workers,
              on_done=report)
+
+
+def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,
+               goal: float) -> tuple[float, float]:
+    """What the planned modes of ``stale``'s objective plan with: its cluster run's measured
+    exploration window and seconds per candidate step."""
+    name = cluster_part(stale, seed)
+    if "time_model" not in store.loaded.get(name, {"time_model": 0}):
+        store.loaded.pop(name)   # saved by a Spotlight that did not measure it: measure again
+        cluster_check(plan, store, stale, seed, goal)
+    model = store.loaded.get(name, {}).get("time_model")
+    if model is None:
+        raise RuntimeError(f"the {stale} cluster run measured no exploration, so the spotlight "
+                           "modes have no time to plan with")
+    return tuple(model)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-RATIOS = (("speedup_vs_vanilla", "time: vanilla / spotlight"),
-          ("speedup_vs_sync", "time: sync / spotlight"),
-          ("iteration_speedup_vs_vanilla", "iterations: vanilla / spotlight"),
+from pipelines.bench.bench_modes import baseline_of, planned_ratio, split_mode
+
+RATIOS = (("speedup_vs_vanilla", "time: vanilla / {product}"),
+          ("speedup_vs_sync", "time: sync / {product}"),
+          ("iteration_speedup_vs_vanilla", "iterations: vanilla / {product}"),
           ("staleness_cost", "iterations: stale / fresh"))
 
 
@@ -72,13 +74,46 @@ def plot_iterations(ax, result: dict) -> None:
 
 
 def shown_ratios(result: dict) -> list[tuple[str, dict]]:
-    """The headline ratios, then every other exploring mode's speed-up over vanilla in time
-    (stale at the fixed arm, and the planner at other spot capacities)."""
-    shown = [(label, result[key]) for key, label in RATIOS if result.get(key)]
+    """The headline ratios of the product, then every other mode's speed-up over vanilla in
+    time (stale at the fixed arm, the planner at other spot capacities, other objectives), and
+    what exploration adds to each objective other than vanilla Flow-GRPO's."""
+    product = result.get("product", "spotlight")
+    shown = [(label.format(product=product), result[key]) for key, label in RATIOS
+             if result.get(key)]
     for mode, ratios in result.get("speedup_by_mode", {}).items():
-        if mode not in ("spotlight", "sync") and ratios.get("vs_vanilla"):
+        if mode not in (product, "sync") and ratios.get("vs_vanilla"):
             shown.append((f"time: vanilla / {mode}", ratios["vs_vanilla"]))
+    for mode, ratios in result.get("speedup_by_mode", {}).items():
+        if ratios.get("vs_objective_alone") and baseline_of(mode) != "vanilla":
+            shown.append((f"time: {baseline_of(mode)} / {mode}", ratios["vs_objective_alone"]))
     return [(label, ratio) for label, ratio in shown if ratio["median"] is not None]
+
+
+def budget_curves(result: dict) -> dict[str, list[tuple[int, dict]]]:
+    """Per objective with planned modes at two or more spot capacities: (capacity R, the
+    planned mode's speed-up over that objective without exploration), R ascending."""
+    out: dict[str, list[tuple[int, dict]]] = {}
+    for mode, ratios in result.get("speedup_by_mode", {}).items():
+        ratio, alone = planned_ratio(mode), ratios.get("vs_objective_alone")
+        if ratio and alone and alone["median"] is not None:
+            out.setdefault(split_mode(mode)[0] or "flow-grpo", []).append((ratio, alone))
+    return {k: sorted(v, key=lambda p: p[0]) for k, v in out.items() if len(v) > 1}
+
+
+def plot_budget(ax, curves: dict[str, list[tuple[int, dict]]]) -> None:
+    """Speed-up against exploration budget (spot capacity per gpu worker), per objective."""
+    for i, (objective, points) in enumerate(curves.items()):
+        xs = [r for r, _ in points]
+        mid = [p["median"] for _, p in points]
+        lo = [m - p["ci90"][0] for m, (_, p) in zip(mid, points)]
+        hi = [p["ci90"][1] - m for m, (_, p) in zip(mid, points)]
+        ax.errorbar(xs, mid, yerr=[lo, hi], marker="o", capsize=4, color=f"C{i}",
+                    label=objective)
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set(xlabel="spot capacity per gpu worker (exploration budget)",
+           ylabel="time: objective alone / with exploration",
+           title="speed-up against exploration budget")
+    ax.legend(fontsize=8)
 
 
 def plot_ratios(ax, result: dict) -> None:
@@ -106,14 +141,18 @@ def plot_convergence(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     choices = {m: c for m, c in result.get("planner_choices", {}).items() if c}
-    panels = 4 if choices else 3
+    budgets = budget_curves(result)
+    extra = [bool(choices), bool(budgets)]
+    panels = 3 + sum(extra)
     fig, axes = plt.subplots(1, panels, figsize=(5.6 * panels, 4.4),
-                             gridspec_kw={"width_ratios": [3, 2, 3] + ([3] if choices else [])})
+                             gridspec_kw={"width_ratios": [3, 2, 3] + [3] * sum(extra)})
     plot_curves(axes[0], result)
     plot_iterations(axes[1], result)
     plot_ratios(axes[2], result)
     if choices:
         plot_planner_choices(axes[3], choices)
+    if budgets:
+        plot_budget(axes[-1], budgets)
     fig.suptitle(f"bench convergence: {result['task']}, to the target {result['target']:.3f} "
                  f"(at most {result['iterations']} iterations)")
     fig.tight_layout()

@@ -21,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from pipelines.bench.bench_modes import (objective_settings, planned_ratio, seed_mode,
+                                         session_mode)
 from pipelines.run.harness import Harness, TimeModel
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
@@ -79,23 +81,6 @@ def by_contents(value):
     return value
 
 
-def planned_ratio(mode: str) -> int | None:
-    """The spot:gpu capacity ratio of a planned mode ('spotlight' = 1, 'spotlight-x4' = 4):
-    stale exploration with the planner, on that many spot slots per gpu worker's; None for the
-    others ('stale' is the same exploration at the fixed arm, without the planner)."""
-    if mode == "spotlight":
-        return 1
-    if mode.startswith("spotlight-x") and mode[len("spotlight-x"):].isdigit():
-        return max(1, int(mode[len("spotlight-x"):]))
-    return None
-
-
-def session_mode(mode: str) -> str:
-    """The pipeline mode a bench mode runs: ``stale`` and the planned modes are Spotlight's
-    stale exploration (the bench's names tell the fixed arm from the planner)."""
-    return "spotlight" if mode == "stale" or planned_ratio(mode) else mode
-
-
 @dataclass(frozen=True)
 class Job:
     mode: str
@@ -116,7 +101,8 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
     """One harness run (in a worker process): its validation curve, per-iteration rewards,
     group std, seed sources and audit τ, and for stale the τ-against-staleness probes."""
     started = time.perf_counter()
-    config, model = plan.config.with_values({"seed": job.seed}), None
+    config = plan.config.with_values({"seed": job.seed, **objective_settings(job.mode)})
+    model = None
     ratio, mode = planned_ratio(job.mode), session_mode(job.mode)
     if ratio is not None:   # stale exploration with the planner, on the measured time
         window_s, sec_per_sample_step = job.time_model
@@ -137,7 +123,7 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
     try:
         run = harness.run_iterations(plan.iterations, plan.every, report, plan.done)
         lag_taus = {}
-        if job.mode == "stale":   # the fixed arm's stale rankings, probed against older weights
+        if seed_mode(job.mode) == "stale":   # the fixed arm's stale rankings, against older weights
             lag_taus = {str(k): {str(lag): tau for lag, tau in harness.staleness_taus(
                             k, list(plan.lags), plan.lag_prompts, plan.lag_candidates).items()}
                         for k in plan.lag_points if k <= len(run.iterations)}

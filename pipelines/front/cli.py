@@ -185,6 +185,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.modes and args.name != "convergence":
         print("error: --modes applies to 'bench convergence' only", file=sys.stderr)
         return 2
+    if args.product is not None:
+        if args.name != "convergence":
+            print("error: --product applies to 'bench convergence' only", file=sys.stderr)
+            return 2
+        options["product"] = args.product
     if args.set or args.modes:
         options["overrides"] = dict(parse_override(item) for item in (args.set or []))
         if args.modes:
@@ -325,7 +330,12 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=None, metavar="M1,M2",
                    help="convergence: the modes to run, of vanilla,sync,stale,spotlight,rlboost "
                         "and spotlight-xR (the planner on R times the spot capacity; default: "
-                        "vanilla,sync,stale,spotlight)")
+                        "vanilla,sync,stale,spotlight), each also behind an objective: "
+                        "nft-MODE (DiffusionNFT's forward-process objective), fast-MODE "
+                        "(Flow-GRPO with a two-step SDE window)")
+    p.add_argument("--product", default=None, metavar="MODE",
+                   help="convergence: the mode the headline speedup_vs_vanilla reports "
+                        "(default: spotlight)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="convergence: override a config value for every mode (repeatable)")
     p.add_argument("--rounds", type=int, default=None, metavar="R",

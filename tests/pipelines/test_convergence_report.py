@@ -10,7 +10,8 @@ from pipelines.bench.convergence import measured_time_model
 from pipelines.bench.convergence_plot import shown_ratios
 from pipelines.bench.convergence_report import (hourly_usd, same_validations,
                                                 seconds_per_iteration, summarize)
-from pipelines.bench.paired import PairedPlan, PairedStore, planned_ratio, time_left_s
+from pipelines.bench.bench_modes import planned_ratio
+from pipelines.bench.paired import PairedPlan, PairedStore, time_left_s
 from pipelines.run.harness import HarnessIteration, HarnessRun
 from spotlight.config import load_config, shipped_config
 
