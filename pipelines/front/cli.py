@@ -171,10 +171,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         options["scenarios"] = [name.strip() for name in args.scenarios.split(",") if name.strip()]
-    if args.set and args.name not in ("convergence", "faults", "overhead", "preemption",
-                                      "simulate"):
-        print("error: --set applies to 'bench convergence', 'faults', 'overhead', 'preemption' "
-              "and 'simulate'; the other benchmarks measure their documented settings",
+    if args.set and args.name not in ("arms", "convergence", "faults", "overhead",
+                                      "preemption", "simulate"):
+        print("error: --set applies to 'bench arms', 'convergence', 'faults', 'overhead', "
+              "'preemption' and 'simulate'; the other benchmarks measure their documented "
+              "settings",
               file=sys.stderr)
         return 2
     if args.run:
@@ -190,7 +191,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("error: --product applies to 'bench convergence' only", file=sys.stderr)
             return 2
         options["product"] = args.product
-    if args.set or args.modes:
+    if args.set or args.modes:   # bench arms and convergence take overrides
         options["overrides"] = dict(parse_override(item) for item in (args.set or []))
         if args.modes:
             options["modes"] = [m.strip() for m in args.modes.split(",") if m.strip()]

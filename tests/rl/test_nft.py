@@ -1,15 +1,10 @@
-"""The forward-process (DiffusionNFT) objective: its math on hand-computed cases, and its trainer."""
+"""The forward-process (DiffusionNFT) objective's math on hand-computed cases (the trainer:
+test_nft_trainer.py)."""
 import numpy as np
 import pytest
 import torch
 
-from spotlight.models.policy import DigitsPolicy
-from spotlight.models.prompts import load_prompts
-from spotlight.rewards import check_rewards
 from spotlight.rl.nft import noised, nft_loss, optimality, training_noise, training_sigmas
-from spotlight.rl.objectives import ForwardProcessTrainer, build_trainer
-from spotlight.rl.trainer import FlowGRPO, iteration_prompts, random_seeds
-from tests.rl.test_trainer import brightness
 
 
 def test_optimality_maps_the_clipped_advantage_onto_zero_to_one():
@@ -54,58 +49,3 @@ def test_at_the_sampling_policy_the_gradient_is_2b_2r_minus_1_times_the_error(r)
     nft_loss(v, old, target, torch.tensor([r]), beta).sum().backward()
     expected = 2 * beta * (2 * r - 1) * (old - target) / 3
     assert torch.allclose(v.grad, expected, atol=1e-7)
-
-
-@pytest.fixture
-def nft_config(tiny_config):
-    return tiny_config.with_values({"objective.kind": "nft", "grpo.lr": 3e-3,
-                                    "grpo.beta_kl": 0.0, "grpo.micro_batch": 8})
-
-
-def test_the_objective_kind_picks_the_trainer(tiny_config, nft_config):
-    policy = DigitsPolicy(tiny_config.model, 12, 32)
-    assert type(build_trainer(tiny_config, policy, brightness, check_rewards)) is FlowGRPO
-    assert type(build_trainer(nft_config, policy, brightness, check_rewards)) is \
-        ForwardProcessTrainer
-
-
-def test_the_first_step_starts_at_the_sampling_policy_and_moves_it(nft_config):
-    """One micro-batch: v equals the precomputed v_old (drift 0), and the step changes the
-    weights; the same iteration from the same weights trains identically."""
-    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
-    results = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        policy = DigitsPolicy(nft_config.model, 12, 32)
-        before = {k: v.clone() for k, v in policy.state_dict().items()}
-        trainer = ForwardProcessTrainer(nft_config, policy, brightness, check_rewards)
-        stats, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
-        assert stats.approx_kl == 0.0 and stats.loss > 0.0
-        assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
-        results.append(policy.state_dict())
-    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
-
-
-def test_nft_leaves_zero_spread_groups_untrained(nft_config):
-    policy = DigitsPolicy(nft_config.model, 12, 32)
-    before = {k: v.clone() for k, v in policy.state_dict().items()}
-    trainer = build_trainer(nft_config, policy, lambda im, p: np.full(len(p), 0.5), check_rewards)
-    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
-    stats, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
-    assert stats.zero_std_groups == 2 and stats.loss == 0.0
-    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
-
-
-def test_nft_raises_a_simple_reward(nft_config):
-    torch.manual_seed(0)
-    trainer = build_trainer(nft_config, DigitsPolicy(nft_config.model, 12, 32), brightness,
-                            check_rewards)
-    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")
-    probe_seeds = random_seeds(99, 0, 2, 4)
-    before = trainer.rollout(prompts[:2], probe_seeds).rewards.mean()
-    for k in range(8):
-        stats, _ = trainer.iteration(k, iteration_prompts(prompts, k, 2, 0),
-                                     random_seeds(0, k, 2, 4))
-        assert np.isfinite(stats.loss)
-    after = trainer.rollout(prompts[:2], probe_seeds).rewards.mean()
-    assert after > before + 0.02, (before, after)
