@@ -83,7 +83,9 @@ def bench_arms(task: str = "ocr", quick: bool = False, config: str | None = None
     torch.set_num_threads(cfg.cluster.threads_per_worker)
     group = cfg.grpo.group_size
     pool = 4 * group if quick else 64
-    arms = sorted({n for n in (2 * group, 4 * group, 6 * group, 8 * group) if n <= pool})
+    # Around the planner's arms (1.5 and 2 x G on GenEval) and up to the whole pool.
+    arms = sorted({n for n in (3 * group // 2, 2 * group, 3 * group, 4 * group, pool)
+                   if group < n <= pool})
     lags = [1, 2, 4]
     every = 1 if quick else 4
     last = iterations or (2 if quick else 16)

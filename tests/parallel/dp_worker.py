@@ -10,36 +10,42 @@ import torch.distributed as dist
 ROWS = 7   # not a multiple of the group's size: unequal shares
 
 
-def trainer_and_batch():
-    """A tiny digits FlowGRPO with a sampled trajectory and advantages (the same in every
-    process: fixed seeds)."""
+def trainer_and_batch(objective: str = "flow-grpo"):
+    """A tiny digits trainer of ``objective`` with a sampled trajectory and advantages (the
+    same in every process: fixed seeds), prepared for its iteration as ``train`` does."""
     from spotlight.config import RunConfig
     from spotlight.models.base import build_policy
+    from spotlight.models.prompts import Prompt
+    from spotlight.rl.objectives import build_trainer
     from spotlight.rl.sampler import sample
-    from spotlight.rl.trainer import FlowGRPO
+    from spotlight.rl.trainer import Rollout
     from spotlight.rl.noise import SampleKey
 
     torch.manual_seed(0)
     config = RunConfig().with_values({
         "model.num_layers": 1, "model.text_dim": 16, "model.text_layers": 1,
-        "model.attention_head_dim": 16, "sampler.num_steps": 3, "grpo.beta_kl": 0.01})
+        "model.attention_head_dim": 16, "sampler.num_steps": 3, "grpo.beta_kl": 0.01,
+        "objective.kind": objective})
     policy = build_policy(config)
-    trainer = FlowGRPO(config, policy, lambda images, prompts: np.zeros(len(prompts)),
-                       lambda rewards, where: None)
+    trainer = build_trainer(config, policy, lambda images, prompts: np.zeros(len(prompts)),
+                            lambda rewards, where: None)
     texts = [f"{i}{i + 1}{i + 2}" for i in range(ROWS)]
     with torch.no_grad():
         traj = sample(policy, texts, [SampleKey(0, i, i) for i in range(ROWS)], config.sampler,
                       mode="sde")
     adv = torch.linspace(-0.5, 1.0, ROWS)   # a mean away from 0: a loss to compare
-    return trainer, traj, adv, texts, traj.trainable_steps
+    rollout = Rollout([Prompt(t, "ocr") for t in texts], [], traj, np.empty(0), np.zeros(0))
+    steps = trainer.trained_steps(rollout, 0)
+    trainer.prepare(rollout, np.ones(ROWS, bool), steps, 0)
+    return trainer, traj, adv, texts, steps
 
 
-def member(rank: int, world: int, port: int, out_dir: str) -> None:
+def member(rank: int, world: int, port: int, out_dir: str, objective: str = "flow-grpo") -> None:
     from pipelines.parallel.training import GlooPeers
     from spotlight.rl.trainer import share_of
 
     torch.set_num_threads(1)
-    trainer, traj, adv, texts, steps = trainer_and_batch()
+    trainer, traj, adv, texts, steps = trainer_and_batch(objective)
     idx = torch.arange(ROWS)
     trainer.optimizer.zero_grad(set_to_none=True)
     alone = trainer._backward(traj, idx, adv, texts, steps, 1.0)

@@ -19,9 +19,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_summed_gradients_equal_the_single_process_step(tmp_path, world):
-    mp.spawn(member, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+@pytest.mark.parametrize("world,objective", [(2, "flow-grpo"), (3, "flow-grpo"), (3, "nft")])
+def test_summed_gradients_equal_the_single_process_step(tmp_path, world, objective):
+    mp.spawn(member, args=(world, _free_port(), str(tmp_path), objective), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for r in results:
         assert r["params"] > 10 and r["grad_scale"] > 0

@@ -46,7 +46,7 @@ def test_bench_arms_quick_probes_fresh_and_stale_rankings(tmp_path, outside_repo
 
     result, _ = run_quick_bench("arms", [], outside_repo, tmp_path / "arms.json", timeout=900)
     assert [p["iteration"] for p in result["probes"]] == [1, 2]
-    assert result["arms"] == [8, 16] and result["pool"] == 16
+    assert result["arms"] == [6, 8, 12, 16] and result["pool"] == 16
     # Iteration 1 can be ranked one version stale, iteration 2 also two.
     assert [sorted(p["tau"]) for p in result["probes"]] == [["1"], ["1", "2"]]
     assert sorted(result["probes"][1]["spread_gain"]) == ["fresh", "stale-1", "stale-2"]

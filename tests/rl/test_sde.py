@@ -134,3 +134,19 @@ def test_a_replay_too_short_for_the_window_coarsens_the_whole_grid():
     coarse = step_grid(config, num_steps=4)
     assert torch.allclose(coarse.sigmas, sigma_schedule(4)) and coarse.kinds == ["flow"] * 4
     assert step_grid(config, num_steps=8).kinds == step_kinds(config)
+
+
+def test_a_two_step_window_samples_euler_ode_steps_outside_it(policy):
+    """Flow-GRPO-Fast's rollout: noise and log-probabilities only inside the window; every
+    other step is x + v (sigma' - sigma) exactly, so a trainer sees nothing to train there."""
+    config = SamplerConfig(num_steps=5, sde_window_start=0, sde_window_size=2)
+    prompts = ["12", "345"]
+    traj = sample(policy, prompts, keys(2), config, mode="sde")
+    assert traj.trainable_steps == [0, 1]
+    assert (traj.log_probs[:, :2] != 0).all() and (traj.log_probs[:, 2:] == 0).all()
+    text = policy.encode(prompts)
+    with torch.no_grad():
+        for t in (2, 3, 4):
+            x, sigma, after = traj.latents[:, t], traj.sigmas[t], traj.sigmas[t + 1]
+            v = policy.velocity(x, traj.sigmas[t:t + 1], text)
+            assert torch.allclose(traj.latents[:, t + 1], x + v * (after - sigma), atol=1e-6)
