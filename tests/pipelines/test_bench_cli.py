@@ -18,6 +18,7 @@ from tests.pipelines.conftest import run_quick_bench, spotlight_cli
 pytestmark = pytest.mark.timeout(600)
 
 ELSEWHERE = {
+    "arms": "tests/pipelines/test_bench_arms.py",
     "convergence": "tests/pipelines/test_cli.py",
     "faults": "tests/pipelines/test_bench_faults.py",
     "learning": "tests/pipelines/test_cli.py",
