@@ -154,11 +154,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in ("iterations", "workers", "budget"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    given = [flag for flag, value in (("--resume", args.resume), ("--modes", args.modes),
+                                      ("--product", args.product)) if value]
+    if given and args.name != "convergence":
+        print(f"error: {given[0]} applies to 'bench convergence' only", file=sys.stderr)
+        return 2
     if args.resume:
-        if args.name != "convergence":
-            print("error: --resume applies to 'bench convergence' only", file=sys.stderr)
-            return 2
         options["resume"] = True
+    if args.product is not None:
+        options["product"] = args.product
     if args.trace is not None:
         options["trace"] = args.trace
     if args.rounds is not None:
@@ -183,14 +187,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("error: --run applies to 'bench simulate' only", file=sys.stderr)
             return 2
         options["runs"] = list(args.run)
-    if args.modes and args.name != "convergence":
-        print("error: --modes applies to 'bench convergence' only", file=sys.stderr)
-        return 2
-    if args.product is not None:
-        if args.name != "convergence":
-            print("error: --product applies to 'bench convergence' only", file=sys.stderr)
-            return 2
-        options["product"] = args.product
     if args.set or args.modes:   # bench arms and convergence take overrides
         options["overrides"] = dict(parse_override(item) for item in (args.set or []))
         if args.modes:
