@@ -19,14 +19,13 @@ import time
 import numpy as np
 import torch
 
+from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.run.harness import Harness
-from spotlight.config import load_config, shipped_config
+from spotlight.config import load_config
 from spotlight.exploration import core
 from spotlight.exploration.fidelity import grouped_kendall_tau
 
-TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
-                "geneval": shipped_config("digits-geneval.yaml")}
 SETTINGS = {"planner.enabled": False, "exploration.deadline": False,
             "pretrain.time_budget_s": 86400.0}
 QUICK = {"grpo.prompts_per_iteration": 2, "grpo.group_size": 4, "grpo.micro_batch": 8,

@@ -39,13 +39,14 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.registry import register_bench, write_result
 from pipelines.bench.convergence_report import summarize
 from pipelines.bench.bench_modes import (SEED_MODES, known_mode, objective_settings,
                                          planned_ratio, seed_mode, session_mode, stale_of)
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
 from pipelines.front.session import Session
-from spotlight.config import RunConfig, load_config, shipped_config
+from spotlight.config import RunConfig, load_config
 from spotlight.exploration.planner import exploration_window_s
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
@@ -53,8 +54,6 @@ from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.validation import validate
 
 DEFAULT_MODES = ("vanilla", "sync", "stale", "spotlight")
-TASK_CONFIGS = {"ocr": shipped_config("digits.yaml"),
-                "geneval": shipped_config("digits-geneval.yaml")}
 # The default target: the base's validation reward plus this. GenEval's world gains more early
 # (every mode had passed base + 0.02 at its first validation, iteration 5: a crossing that
 # separates nothing), so its target sits higher (docs/results.md 2026-11-26).

@@ -11,10 +11,8 @@ import torch
 
 from spotlight.models.device import module_device, to_device
 from spotlight.rl.nft import noised, nft_loss, optimality, training_noise, training_sigmas
-from spotlight.rl.trainer import FlowGRPO, Rollout
+from spotlight.rl.trainer import ZERO_STATS, FlowGRPO, Rollout
 from spotlight.rl.sampler import Trajectory
-
-ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
 
 
 class ForwardProcessTrainer(FlowGRPO):

@@ -21,6 +21,10 @@ from spotlight.rl.sampler import Trajectory, sample, transition_distribution
 from spotlight.rl.sde import gaussian_log_prob, kl_to_reference
 
 
+# What one update reports, before it has computed anything (every trainer's keys).
+ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+
+
 @dataclass
 class Rollout:
     """A group rollout: P prompts x G seeds, flattened prompt-major."""
@@ -163,7 +167,7 @@ class FlowGRPO:
         adv = torch.from_numpy(advantages.values.reshape(-1)).float()
         kept = np.repeat(advantages.kept, advantages.values.shape[1])
         steps = self.trained_steps(rollout, iteration)
-        totals = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        totals = dict(ZERO_STATS)
         lr = learning_rate(grpo.lr, iteration, grpo.lr_decay_iterations, grpo.lr_min_fraction)
         if not kept.any() or not steps:
             return {**totals, "learning_rate": lr}
@@ -198,7 +202,7 @@ class FlowGRPO:
         self.optimizer.zero_grad(set_to_none=True)
         rank, world = (0, 1) if self.peers is None else (self.peers.rank, self.peers.world)
         mine = share_of(len(idx), rank, world)
-        out = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        out = dict(ZERO_STATS)
         if mine.stop > mine.start:
             out = self._backward(traj, idx[mine], adv[mine], texts[mine], steps,
                                  (mine.stop - mine.start) / len(idx))
@@ -218,7 +222,7 @@ class FlowGRPO:
                                   to_device(traj.log_probs[idx], device))
         adv = to_device(adv, device)
         text, ref_text = self.encode_prompts(texts)
-        out = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
+        out = dict(ZERO_STATS)
         for t in steps:
             dist = transition_distribution(self.policy, latents, t, traj.sigmas, text, sampler)
             log_prob = gaussian_log_prob(latents[:, t + 1], dist)
