@@ -25,7 +25,7 @@ def test_modules_and_functions_stay_short(path):
     assert not long, f"{path}: functions over 60 lines: {long}"
 
 
-CLUSTER_CLASSES = {"LocalCluster", "SpecCluster"}
+CLUSTER_CLASSES = {"LocalCluster", "SpecCluster", "EmbeddedCluster"}
 CLUSTER_HELPER = PROJECT_ROOT / "pipelines" / "cluster" / "connect.py"
 
 

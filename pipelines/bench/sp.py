@@ -83,7 +83,8 @@ class Bench:
 
 def largest_serving(sp: SPGroups):
     """The largest group that serves; an error carrying the membership's last moves if none
-    does (seen once under load in CI, not reproduced since)."""
+    does (as when the cluster closed a restarting worker's nanny: see
+    :class:`pipelines.cluster.nanny.EmbeddedCluster`)."""
     serving = sp.membership.serving()
     if not serving:
         raise RuntimeError(f"bench sp: no SP group serves; executors "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
-from pipelines.cluster.nanny import EmbeddedNanny, use_start_method
+from pipelines.cluster.nanny import EmbeddedCluster, EmbeddedNanny, use_start_method
 from pipelines.cluster.worker_setup import spotlight_worker_setup
 from spotlight.config import ClusterConfig, TLSConfig
 from spotlight.modes import mode_of
@@ -279,7 +279,7 @@ def start_embedded(config: ClusterConfig, *, log_file: str | Path) -> ClusterHan
     and Dask's own messages of all its processes go to ``log_file``, not the console
     (:mod:`pipelines.cluster.dask_log`)."""
     import dask
-    from distributed import Client, Scheduler, SpecCluster
+    from distributed import Client, Scheduler
 
     spot = config.spot_workers
     workers = {f"gpu-{i}": worker_spec(f"gpu-{i}", GPU, config, log_file)
@@ -300,7 +300,7 @@ def start_embedded(config: ClusterConfig, *, log_file: str | Path) -> ClusterHan
     cluster = client = None
     try:
         with dask.config.set(settings):
-            cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
+            cluster = EmbeddedCluster(workers=workers, scheduler=scheduler, silence_logs=40)
             client = Client(cluster)
         _wait_for_workers(client, len(workers), max(config.worker_wait_s, 60.0), log_file)
         register_worker_setup(client, config, embedded=True)
