@@ -166,6 +166,11 @@ class RunStore:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
 
+    def array_names(self, stage: str, prefix: str = "") -> list[str]:
+        """The names of the stage's :meth:`put_arrays` objects that start with ``prefix``."""
+        return [n[:-len(".npz")] for n in self.location.list_names(stage_key(stage))
+                if n.endswith(".npz") and n.startswith(prefix)]
+
     def put_json(self, stage: str, name: str, obj: Any) -> None:
         """Write a JSON document of a stage (task timelines, explored candidates)."""
         import json

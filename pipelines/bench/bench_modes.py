@@ -5,8 +5,11 @@ are chosen.
 Flow-GRPO (the run config's objective). ``OBJECTIVE-MODE`` trains the same way with another
 objective: ``nft-vanilla`` is DiffusionNFT's forward-process objective on random seeds (the
 strong baseline without exploration), ``nft-spotlight`` the product's stale exploration on top
-of it; ``fast-...`` is the few-step Flow-GRPO variant (a two-step SDE window, ODE elsewhere,
-only the window trained, as Flow-GRPO-Fast and MixGRPO).
+of it; ``reuse-...`` is the same objective trained on the explored samples themselves
+(``objective.train_on_explored``: an iteration with explored seeds has no rollout), measured
+against ``nft-vanilla`` (without exploration it is that mode); ``fast-...`` is the few-step
+Flow-GRPO variant (a two-step SDE window, ODE elsewhere, only the window trained, as
+Flow-GRPO-Fast and MixGRPO).
 """
 from __future__ import annotations
 
@@ -14,8 +17,11 @@ SEED_MODES = ("vanilla", "sync", "stale", "spotlight", "rlboost")
 # What each objective prefix sets on the bench's config (a job's seed set on top of it).
 OBJECTIVE_SETTINGS: dict[str, dict] = {
     "nft": {"objective.kind": "nft"},
+    "reuse": {"objective.kind": "nft", "objective.train_on_explored": True},
     "fast": {"sampler.sde_window_size": 2},
 }
+# An objective whose runs without exploration are another's: its baseline is that one's.
+SAME_WITHOUT_EXPLORATION = {"reuse": "nft"}
 
 
 def split_mode(mode: str) -> tuple[str | None, str]:
@@ -65,7 +71,8 @@ def stale_of(mode: str) -> str:
 
 def baseline_of(mode: str) -> str:
     """The same objective without exploration: what exploration on top of it is measured against."""
-    return with_objective(split_mode(mode)[0], "vanilla")
+    objective = split_mode(mode)[0]
+    return with_objective(SAME_WITHOUT_EXPLORATION.get(objective, objective), "vanilla")
 
 
 def known_mode(mode: str) -> bool:

@@ -25,14 +25,15 @@ from pipelines.observe.validation_grid import grid_of, save_grid, validation_lab
 from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
 from pipelines.run.exploration import Exploration, explore_window
+from pipelines.run.explored import explored_rollout_task, trains_on_explored
 from pipelines.run.rollout import (Pulled, RolloutBackend, SingleTask, finish_rollout, pulled,
                                    rollout_requests)
 from pipelines.run.context import Standing
 from pipelines.run.dp_train import data_parallel, dp_train
 from pipelines.run.sp_rollout import SPGroupsBackend
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (IterationRecord, RewardResult, Stage, TrainResult,
-                                  ValidationResult)
+from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, Stage,
+                                  TrainResult, ValidationResult)
 from pipelines.run.state import IterationResult, IterationState
 from spotlight.config import RunConfig, rollout_sp_degree
 from spotlight.cost import CostLedger
@@ -212,7 +213,7 @@ class Driver:
         cfg, k = self.config, it.k
         self.emit("stage_start", iteration=k, stage="rollout")
         held = None
-        if not self.log.done(k, Stage.ROLLOUT):
+        if not self.log.done(k, Stage.ROLLOUT) and not self._explored_rollout(it):
             chunks = rollout_requests(cfg, tasks.RolloutRequest(k, it.prompts,
                                                                 it.selection.seeds, k))
             done = self._rollout_backend().run(self, chunks)
@@ -221,9 +222,30 @@ class Driver:
         # Scored where the rollout is held in memory, else read back from the run store.
         it.rollout_f = held or self.submit(tasks.load_rollout_task, cfg, self.store, k,
                                            resource=self.on("reward"), name="load-rollout")
+        it.explored_rollout = bool((self.log.get(k, Stage.ROLLOUT).task or {}).get("explored"))
         _, resumed = self.log.once(k, Stage.REWARD, lambda: self._reward(it))
         if resumed:
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+
+    def _explored_rollout(self, it: "IterationState") -> bool:
+        """``objective.train_on_explored``: the selected seeds' explored samples become the
+        rollout and their exploration rewards its rewards (both stages recorded here). False
+        if the iteration must be rolled out."""
+        cfg, k = self.config, it.k
+        if not trains_on_explored(cfg, it.selection):
+            return False
+        request = tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k)
+        out = self.result(self.submit(explored_rollout_task, cfg, self.store, request,
+                                      it.selection, self.log.get(k, Stage.SELECTION).source,
+                                      resource=self.on("train"), name="explored-rollout"),
+                          f"iteration {k}'s explored samples", self.on("train"))
+        if not out["found"]:
+            return False
+        it.records.append(out["record"])
+        self.log.record(k, Stage.ROLLOUT, RolloutResult(task=out["record"]))
+        self.log.record(k, Stage.REWARD, RewardResult(mean=float(out["rewards"].mean()),
+                                                      task=out["record"]))
+        return True
 
     def _rollout_backend(self) -> RolloutBackend:
         if rollout_sp_degree(self.config) > 1:
@@ -249,7 +271,7 @@ class Driver:
                              f"iteration {k}'s advantages", self.on("train"))
         it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
-        if it.spotlight:
+        if it.spotlight and not it.explored_rollout:   # trained on explored: the same rewards
             it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
             self.exploration.record_plan_outcome(k, it.adv)
         if it.explores and explore_window(self.config, self.mode) != "iteration":

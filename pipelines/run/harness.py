@@ -27,6 +27,7 @@ import numpy as np
 from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import tasks
 from pipelines.run.exploration import explore_requests, scored
+from pipelines.run.explored import explored_rollout_task, trains_on_explored
 from pipelines.run.rollout import rollout_task
 from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import Selection, core
@@ -158,23 +159,35 @@ class Harness:
         tau = self.audit(k, prompts) if self.stale_exploration else None
         if explore_next and self.stale_exploration:   # θ_k explores k+1 (while θ_k trains)
             self.stale[k + 1] = self.explore_planned(k + 1, k)
-        rollout = rollout_task(cfg, self.store, tasks.RolloutRequest(k, prompts,
-                                                                      selection.seeds, k),
-                               self.attempt)
-        scored = tasks.reward_task(cfg, self.store, rollout, prompts, cfg.grpo.group_size, k)
-        adv = tasks.advantages_task(cfg, k, scored["rewards"], k)
+        rollout, rewards = self.rollout(tasks.RolloutRequest(k, prompts, selection.seeds, k),
+                                        selection, source)
+        adv = tasks.advantages_task(cfg, k, rewards, k)
         self.pay_planner(k, adv)
         trained = tasks.train_task(cfg, self.store, rollout,
-                                   tasks.TrainRequest(k, prompts, scored["rewards"], adv, k))
+                                   tasks.TrainRequest(k, prompts, rewards, adv, k))
         saved = tasks.checkpoint_task(cfg, self.store, trained, k, k)
         self.store.commit_checkpoint(saved["checkpoint"])
         if tau is not None:
             self.monitor.observe(k, tau)
-        rewards = scored["rewards"]
         plan = self.plans.get(k + 1)
         return HarnessIteration(k, float(rewards.mean()), float(rewards.std(axis=1).mean()),
                                 source, tau, self.validate(k + 1) if validate else None,
                                 (plan.candidates, plan.steps, plan.prompts) if plan else None)
+
+    def rollout(self, request: tasks.RolloutRequest, selection: Selection,
+                source: str) -> tuple[tasks.RolloutOutput, np.ndarray]:
+        """The iteration's rollout and rewards: the explored samples themselves where
+        ``objective.train_on_explored`` may use them, else sampled and scored."""
+        cfg = self.config
+        if trains_on_explored(cfg, selection):
+            reused = explored_rollout_task(cfg, self.store, request, selection, source)
+            if reused["found"]:
+                return tasks.load_rollout_task(cfg, self.store, request.iteration), \
+                    reused["rewards"]
+        rollout = rollout_task(cfg, self.store, request, self.attempt)
+        scored = tasks.reward_task(cfg, self.store, rollout, request.prompts,
+                                   cfg.grpo.group_size, request.iteration)
+        return rollout, scored["rewards"]
 
     # --- the planner on modelled time ----------------------------------------------------------
     def explore_planned(self, iteration: int, version: int) -> list[tuple[list, list]]:

@@ -15,6 +15,15 @@ def explore_request(prompt_index: int, chunk: int) -> str:
     return f"p{prompt_index:04d}-c{chunk:04d}"
 
 
+# An explored request's samples, kept for objective.train_on_explored (pipelines.run.explored).
+EXPLORED_SAMPLES = "samples-"
+STAGES_WITH_SAMPLES = ("explore", "explore-sync")   # the audit's replays are never trained on
+
+
+def explored_samples(request: str) -> str:
+    return f"{EXPLORED_SAMPLES}{request}"
+
+
 def worker_name() -> str:
     try:
         from distributed import get_worker   # absent in the in-process harness's own runs

@@ -75,6 +75,7 @@ class IterationState:
     plan: Any = None
     explore_futures: Any = None
     rollout_f: Any = None
+    explored_rollout: bool = False   # the rollout is the explored samples (train_on_explored)
     rewards: np.ndarray | None = None
     adv: dict | None = None
     tau: float | None = None

@@ -19,7 +19,8 @@ import torch
 
 from pipelines.cluster.preemption import HandedBack
 from pipelines.cluster.runtime import runtime
-from pipelines.run.records import explore_request, stage_name, task_record
+from pipelines.run.records import (STAGES_WITH_SAMPLES, explore_request, explored_samples,
+                                   stage_name, task_record)
 from pipelines.run.rollout_store import read_rollout
 from pipelines.run.streamed import Explored, RequestRun, StreamedRequest, run_streamed_request
 from spotlight.config import RunConfig, config_hash
@@ -286,6 +287,11 @@ def explore_task(config: RunConfig, store: RunStore, request: ExploreRequest,
         images = run.policy.decode(traj.final)
         rewards = np.asarray(run.ctx.reward_fn(images, [prompt] * len(seeds)), dtype=np.float64)
         check_rewards(rewards, "exploration")
+        if config.objective.train_on_explored and request.stage in STAGES_WITH_SAMPLES:
+            store.put_arrays(stage_name(request.iteration, request.stage),
+                             explored_samples(request.name),
+                             {"prompt_index": request.prompt_index, "seeds": seeds,
+                              "final": traj.final.float().cpu().numpy()})
         return Explored(request.prompt_index, request.chunk, seeds, rewards, run.record(
             prompt_index=request.prompt_index, chunk=request.chunk, samples=len(seeds),
             steps=steps, text_encoder=bool(getattr(run.policy, "text_encoder_loaded", False))))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spotlight.config.base import Validated, spec
+from spotlight.config.base import ConfigError, Validated, spec
 
 OBJECTIVES = ("flow-grpo", "nft")
 
@@ -35,3 +35,16 @@ class ObjectiveConfig(Validated):
                               range=(1, 1000))
     nft_sigma_min: float = spec(0.02, "nft: lowest noise level trained (near 0 the loss only "
                                       "sees pixels, not structure).", range=(0.0, 0.99))
+    train_on_explored: bool = spec(
+        False, "nft: an iteration whose seeds were chosen among explored candidates trains on "
+               "those candidates' samples and exploration rewards as they are (drawn with the "
+               "weights that explored them, at the exploration's steps) instead of rolling the "
+               "seeds out again: no rollout or reward stage on its critical path.")
+
+    def validate(self) -> None:
+        if self.train_on_explored and self.kind != "nft":
+            raise ConfigError(
+                f"objective.train_on_explored needs samples it may train on without their "
+                f"log-probabilities under the current weights, but objective.kind = "
+                f"{self.kind!r} trains on those; set objective.kind: nft, or "
+                f"objective.train_on_explored: false")

@@ -15,6 +15,7 @@ from pipelines.bench.convergence_report import best_baseline, speedup_by_mode
     ("nft-stale", ("nft", "stale"), None, "spotlight", "nft-stale", "nft-vanilla"),
     ("nft-spotlight-x4", ("nft", "spotlight-x4"), 4, "spotlight", "nft-stale", "nft-vanilla"),
     ("fast-sync", ("fast", "sync"), None, "sync", "fast-stale", "fast-vanilla"),
+    ("reuse-spotlight", ("reuse", "spotlight"), 1, "spotlight", "reuse-stale", "nft-vanilla"),
 ])
 def test_a_mode_name_splits_into_objective_and_seed_mode(mode, split, ratio, session, stale,
                                                           baseline):
@@ -26,6 +27,8 @@ def test_a_mode_name_splits_into_objective_and_seed_mode(mode, split, ratio, ses
 def test_objective_prefixes_set_their_config_and_unknown_ones_are_not_modes():
     assert objective_settings("nft-spotlight") == {"objective.kind": "nft"}
     assert objective_settings("fast-vanilla") == {"sampler.sde_window_size": 2}
+    assert objective_settings("reuse-stale") == {"objective.kind": "nft",
+                                                 "objective.train_on_explored": True}
     assert objective_settings("spotlight") == {}
     assert not known_mode("dpo-vanilla") and not known_mode("nft-") and not known_mode("fast")
 

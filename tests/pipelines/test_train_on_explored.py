@@ -1,0 +1,91 @@
+"""``objective.train_on_explored``: an iteration whose seeds were chosen among explored candidates
+trains on those candidates' samples and exploration rewards instead of rolling them out again.
+
+The samples kept are the ones a rollout of the same seeds with the exploring weights draws (up
+to the rounding of another batch shape), their rewards are those samples' rewards, and the
+cluster and the harness train on them alike, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.run import tasks
+from pipelines.run.harness import Harness
+from pipelines.run.rollout import rollout_task
+from pipelines.run.rollout_store import read_rollout
+from pipelines.run.tasks import stage_name
+from spotlight.config import ConfigError
+
+
+@pytest.fixture
+def explored_config(tiny_run_config):
+    return tiny_run_config.with_values({"objective.kind": "nft",
+                                        "objective.train_on_explored": True})
+
+
+def test_flow_grpo_cannot_train_on_explored_samples(tiny_run_config):
+    with pytest.raises(ConfigError, match="objective.kind: nft"):
+        tiny_run_config.with_values({"objective.train_on_explored": True})
+
+
+def _explored(store, k: int) -> bool:
+    """Whether iteration k's rollout is the explored samples (its one request, ``explored``)."""
+    return bool(store.array_names(stage_name(k, "rollout"), "request-explored"))
+
+
+def test_the_harness_trains_on_the_samples_exploration_drew(explored_config):
+    harness = Harness(explored_config, "spotlight")
+    try:
+        run = harness.run_iterations(3)
+        store, prompts = harness.store, harness.prompts(1)
+        selection, source = harness.seeds_for(1, prompts)
+        _, kept = read_rollout(store, stage_name(1, "rollout"))
+        rewards = store.get_arrays(stage_name(1, "reward"), "reward")["rewards"]
+        explored = [_explored(store, k) for k in range(3)]
+        # The same seeds rolled out now with θ_0, the weights that explored them.
+        fresh = rollout_task(explored_config, store,
+                             tasks.RolloutRequest(1, prompts, selection.seeds, 0))
+        scored = tasks.reward_task(explored_config, store, fresh, prompts,
+                                   explored_config.grpo.group_size, 1)
+    finally:
+        harness.close()
+    assert [it.source for it in run.iterations] == ["random", "explore", "explore"]
+    assert explored == [False, True, True]
+    assert kept.shape[1] == 1   # the final latent only: nothing else is trained on
+    # Sampled in batches of another shape (a prompt's candidates, not its group): the same
+    # samples up to float rounding (measured: 1e-6 apart, rewards 1e-8 apart).
+    torch.testing.assert_close(torch.from_numpy(kept[:, -1]), fresh.trajectory.final,
+                               rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(rewards, selection.selected_rewards)
+    np.testing.assert_allclose(rewards, scored["rewards"], rtol=1e-5)
+    assert rewards.std(axis=1).max() > 0   # a group with signal: the comparison is not 0 == 0
+
+
+@pytest.mark.timeout(900)
+def test_the_cluster_trains_on_explored_samples_as_the_harness_does(explored_config, tmp_path):
+    from pipelines.front.session import Session
+
+    with Session.from_config(explored_config, store=str(tmp_path / "run")) as session:
+        session.run(3)
+        store = session.store
+        cluster = {"explored": [_explored(store, k) for k in range(3)],
+                   "rewards": [store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+                               for k in range(3)],
+                   "weights": store.load_checkpoint(3).weights,
+                   "taus": [r.kendall_tau for r in session.results]}
+    harness = Harness(explored_config, "spotlight", base_val_reward=0.0)
+    try:
+        harness.run_iterations(3)
+        rewards = [harness.store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+                   for k in range(3)]
+        weights = harness.store.load_checkpoint(3).weights
+    finally:
+        harness.close()
+    assert cluster["explored"] == [False, True, True]
+    # τ of the selected seeds compares exploration's rewards with the rollout's: trained on
+    # exploration's own, there is nothing to compare.
+    assert cluster["taus"][1] is None and cluster["taus"][2] is None
+    for k in range(3):
+        np.testing.assert_array_equal(rewards[k], cluster["rewards"][k])
+    assert all(torch.equal(weights[name], cluster["weights"][name]) for name in weights)
