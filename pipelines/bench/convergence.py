@@ -163,7 +163,8 @@ def _check_options(task: str, config: str | None, seeds: int, modes: tuple[str, 
         raise ValueError(f"--modes {','.join(modes)}: each mode once, from {', '.join(SEED_MODES)} "
                          "or spotlight-xR (the planner with R times the spot capacity), each "
                          "optionally behind an objective: nft-MODE (DiffusionNFT's objective), "
-                         "fast-MODE (a two-step SDE window)")
+                         "reuse-MODE (nft on the explored samples), fast-MODE (a two-step SDE "
+                         "window)")
     missing = sorted({stale_of(m) for m in modes if planned_ratio(m)} - set(modes))
     if missing:
         raise ValueError(f"--modes {','.join(modes)}: spotlight modes plan on the time their "

@@ -328,7 +328,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="convergence: the modes to run, of vanilla,sync,stale,spotlight,rlboost "
                         "and spotlight-xR (the planner on R times the spot capacity; default: "
                         "vanilla,sync,stale,spotlight), each also behind an objective: "
-                        "nft-MODE (DiffusionNFT's forward-process objective), fast-MODE "
+                        "nft-MODE (DiffusionNFT's forward-process objective), reuse-MODE "
+                        "(nft trained on the explored samples, no rollout), fast-MODE "
                         "(Flow-GRPO with a two-step SDE window)")
     p.add_argument("--product", default=None, metavar="MODE",
                    help="convergence: the mode the headline speedup_vs_vanilla reports "
