@@ -223,7 +223,8 @@ class Driver:
         it.rollout_f = held or self.submit(tasks.load_rollout_task, cfg, self.store, k,
                                            resource=self.on("reward"), name="load-rollout")
         it.explored_rollout = bool((self.log.get(k, Stage.ROLLOUT).task or {}).get("explored"))
-        _, resumed = self.log.once(k, Stage.REWARD, lambda: self._reward(it))
+        score = self._explored_reward if it.explored_rollout else self._reward
+        _, resumed = self.log.once(k, Stage.REWARD, lambda: score(it))
         if resumed:
             it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
 
@@ -243,9 +244,14 @@ class Driver:
             return False
         it.records.append(out["record"])
         self.log.record(k, Stage.ROLLOUT, RolloutResult(task=out["record"]))
-        self.log.record(k, Stage.REWARD, RewardResult(mean=float(out["rewards"].mean()),
-                                                      task=out["record"]))
         return True
+
+    def _explored_reward(self, it: "IterationState") -> RewardResult:
+        """The explored rollout's rewards: exploration's, written with it (never re-scored)."""
+        k = it.k
+        it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+        return RewardResult(mean=float(it.rewards.mean()),
+                            task=self.log.get(k, Stage.ROLLOUT).task)
 
     def _rollout_backend(self) -> RolloutBackend:
         if rollout_sp_degree(self.config) > 1:

@@ -62,18 +62,40 @@ def test_the_harness_trains_on_the_samples_exploration_drew(explored_config):
     assert rewards.std(axis=1).max() > 0   # a group with signal: the comparison is not 0 == 0
 
 
-@pytest.mark.timeout(900)
-def test_the_cluster_trains_on_explored_samples_as_the_harness_does(explored_config, tmp_path):
-    from pipelines.front.session import Session
+class Crash(Exception):
+    """Stands for the driver dying right after a stage was recorded."""
 
-    with Session.from_config(explored_config, store=str(tmp_path / "run")) as session:
-        session.run(3)
+
+@pytest.mark.timeout(900)
+def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_crash(
+        explored_config, tmp_path, monkeypatch):
+    """The driver dies right after recording iteration 1's explored rollout (its rewards not
+    yet recorded); the resumed run reads both back and ends where the harness does."""
+    from pipelines.front.session import Session
+    from pipelines.run.stage_log import StageLog
+
+    url, record = str(tmp_path / "run"), StageLog.record
+
+    def crashing_record(self, iteration, name, result):
+        record(self, iteration, name, result)
+        if (iteration, name) == (1, "rollout"):
+            raise Crash()
+
+    monkeypatch.setattr(StageLog, "record", crashing_record)
+    with Session.from_config(explored_config, store=url) as session:
+        with pytest.raises(Crash):
+            session.run(3)
+    monkeypatch.setattr(StageLog, "record", record)
+    with Session.resume(url) as session:
+        session.run(3 - session.completed_iterations())
         store = session.store
         cluster = {"explored": [_explored(store, k) for k in range(3)],
                    "rewards": [store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
                                for k in range(3)],
                    "weights": store.load_checkpoint(3).weights,
-                   "taus": [r.kendall_tau for r in session.results]}
+                   "taus": [r.kendall_tau for r in session.results],
+                   "tasks": [store.get_json(stage_name(k, "iteration"), "tasks")["tasks"]
+                             for k in range(3)]}
     harness = Harness(explored_config, "spotlight", base_val_reward=0.0)
     try:
         harness.run_iterations(3)
@@ -83,6 +105,12 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does(explored_con
     finally:
         harness.close()
     assert cluster["explored"] == [False, True, True]
+    # Exploration scored the samples: nothing rolls them out or scores them again, the resumed
+    # iteration 1 included.
+    stages = [[t["stage"] for t in tasks] for tasks in cluster["tasks"]]
+    assert [s.count("reward") for s in stages] == [1, 0, 0]
+    assert [t.get("explored") for t in cluster["tasks"][2] if t["stage"] == "rollout"] == \
+        ["explore"]
     # τ of the selected seeds compares exploration's rewards with the rollout's: trained on
     # exploration's own, there is nothing to compare.
     assert cluster["taus"][1] is None and cluster["taus"][2] is None
