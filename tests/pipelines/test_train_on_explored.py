@@ -117,3 +117,18 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
     for k in range(3):
         np.testing.assert_array_equal(rewards[k], cluster["rewards"][k])
     assert all(torch.equal(weights[name], cluster["weights"][name]) for name in weights)
+
+
+def test_sync_exploration_trains_on_what_the_current_weights_explored(explored_config):
+    """Sync explores with θ_k on the critical path: every iteration, the first too, trains on
+    those samples (on-policy ones), from the explore-sync stage."""
+    harness = Harness(explored_config, "sync")
+    try:
+        run = harness.run_iterations(2)
+        explored = [_explored(harness.store, k) for k in range(2)]
+        rewards = harness.store.get_arrays(stage_name(1, "reward"), "reward")["rewards"]
+        selection, _ = harness.seeds_for(1, harness.prompts(1))
+    finally:
+        harness.close()
+    assert [it.source for it in run.iterations] == ["sync", "sync"] and explored == [True, True]
+    np.testing.assert_array_equal(rewards, selection.selected_rewards)
