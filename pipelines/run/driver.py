@@ -230,8 +230,8 @@ class Driver:
 
     def _explored_rollout(self, it: "IterationState") -> bool:
         """``objective.train_on_explored``: the selected seeds' explored samples become the
-        rollout and their exploration rewards its rewards (both stages recorded here). False
-        if the iteration must be rolled out."""
+        rollout (recorded here) and their exploration rewards its rewards (written here, read
+        by :meth:`_explored_reward`). False if the iteration must be rolled out."""
         cfg, k = self.config, it.k
         if not trains_on_explored(cfg, it.selection):
             return False
@@ -277,8 +277,9 @@ class Driver:
                              f"iteration {k}'s advantages", self.on("train"))
         it.records.append(it.adv["record"])
         # τ over the selected seeds: reported, never decided on (selection biases it upwards).
-        if it.spotlight and not it.explored_rollout:   # trained on explored: the same rewards
-            it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
+        if it.spotlight:
+            if not it.explored_rollout:   # trained on explored: the same rewards, no second score
+                it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
             self.exploration.record_plan_outcome(k, it.adv)
         if it.explores and explore_window(self.config, self.mode) != "iteration":
             it.plan, it.explore_futures = self.exploration.start_next(k)
