@@ -226,7 +226,7 @@ class Driver:
         score = self._explored_reward if it.explored_rollout else self._reward
         _, resumed = self.log.once(k, Stage.REWARD, lambda: score(it))
         if resumed:
-            it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+            it.rewards = self._stored_rewards(k)
 
     def _explored_rollout(self, it: "IterationState") -> bool:
         """``objective.train_on_explored``: the selected seeds' explored samples become the
@@ -248,10 +248,13 @@ class Driver:
 
     def _explored_reward(self, it: "IterationState") -> RewardResult:
         """The explored rollout's rewards: exploration's, written with it (never re-scored)."""
-        k = it.k
-        it.rewards = self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
+        it.rewards = self._stored_rewards(it.k)
         return RewardResult(mean=float(it.rewards.mean()),
-                            task=self.log.get(k, Stage.ROLLOUT).task)
+                            task=self.log.get(it.k, Stage.ROLLOUT).task)
+
+    def _stored_rewards(self, k: int) -> np.ndarray:
+        """Iteration ``k``'s rewards as its reward stage wrote them to the run store."""
+        return self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
 
     def _rollout_backend(self) -> RolloutBackend:
         if rollout_sp_degree(self.config) > 1:
@@ -324,7 +327,7 @@ class Driver:
     def _select_next(self, it: "IterationState") -> None:
         if not it.explore_futures:
             return
-        k, plan = it.k, it.plan
+        k, plan, waiting = it.k, it.plan, time.time()
         if not self.config.exploration.deadline or "train" in it.resumed:
             # No training window to hide in after a resume; deadline off = every request.
             self.exploration.wait_all(it.explore_futures)
@@ -332,6 +335,7 @@ class Driver:
         it.planned = plan.prompts * plan.candidates
         nxt = self.exploration.finish(k + 1, it.explore_futures, "explore", planned=it.planned,
                                       select=self.exploration.trusting)
+        it.explore_wait_s = time.time() - waiting
         found = self.exploration.candidates(k + 1, "explore")
         it.explored = sum(len(row) for row in found["seeds"])
         it.filled = int(nxt.filled.sum()) if nxt is not None else 0

@@ -67,17 +67,17 @@ def explored_rollout_task(config: RunConfig, store: RunStore, request: tasks.Rol
     if missing:
         return {"found": False, "missing": len(missing)}
     latents = np.stack([finals[key] for key in keys])[:, None]   # (B, 1, ...): the final only
+    log_probs = np.zeros((len(keys), 0), np.float32)   # a forward-process objective needs none
     stage = stage_name(k, "rollout")
-    name = rollout_store.save_request(store, stage, REQUEST, FIRST,
-                                      np.zeros((len(keys), 0), np.float32), latents)
+    name = rollout_store.save_request(store, stage, REQUEST, FIRST, log_probs, latents)
     rollout_store.write_index(store, stage, [REQUEST], [name], request.seeds)
     rewards = np.asarray(selection.selected_rewards, dtype=np.float64)
     store.put_arrays(stage_name(k, "reward"), "reward", {"rewards": rewards})
     ctx = tasks.context(config, store)
     with ctx.lock:
-        ctx.rollouts.pop(k, None)
-        out = ctx.rollout(k)   # read back as any worker or a resumed run reads it
         record = task_record("rollout", k, start, request.version,
                              explored=source_stage(source), samples=len(keys))
-        ctx.rollouts = {k: tasks.RolloutOutput(k, out.trajectory, record)}
+        # Held for the train task on this worker, as a resumed run reads it back from the store.
+        trajectory = ctx.trajectory_of(log_probs, latents)
+        ctx.rollouts = {k: tasks.RolloutOutput(k, trajectory, record)}
     return {"found": True, "rewards": rewards, "record": record}

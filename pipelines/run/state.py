@@ -49,6 +49,9 @@ class IterationResult:
     preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
     approx_kl: float | None = None         # PPO's approximate KL to the rollout policy (None:
     learning_rate: float | None = None     # ... and the step's rate; recorded before they were)
+    explore_wait_s: float | None = None    # after its own work, waiting for the next iteration's
+                                           # exploration and selecting from it (spot capacity
+                                           # short of the plan shows here)
 
     @property
     def wall_s(self) -> float:
@@ -87,6 +90,7 @@ class IterationState:
     filled: int = 0
     preemptions: int = 0
     overrun: bool | None = None
+    explore_wait_s: float | None = None
     val_reward: float | None = None
 
     def result(self, mode: str, end: float, cost_usd: float, cost_total_usd: float,
@@ -107,7 +111,8 @@ class IterationState:
             plan_predicted_s=plan.predicted_s if plan else None,
             plan_budget_s=plan.budget_s if plan else None, plan_overrun=self.overrun,
             preemptions=self.preemptions, approx_kl=_optional(info.get("approx_kl")),
-            learning_rate=_optional(info.get("learning_rate")))
+            learning_rate=_optional(info.get("learning_rate")),
+            explore_wait_s=self.explore_wait_s)
 
 
 def _optional(value: Any) -> float | None:

@@ -137,11 +137,14 @@ class WorkerContext:
         if held is not None:
             return held
         log_probs, latents = read_rollout(self.store, stage_name(iteration, "rollout"))
+        return RolloutOutput(iteration, self.trajectory_of(log_probs, latents), {})
+
+    def trajectory_of(self, log_probs: np.ndarray, latents: np.ndarray) -> Trajectory:
+        """A rollout's stored arrays as the trainer's trajectory, on this config's step grid."""
         sampler = self.config.sampler
-        traj = Trajectory(torch.from_numpy(latents).float(), torch.from_numpy(log_probs).float(),
+        return Trajectory(torch.from_numpy(latents).float(), torch.from_numpy(log_probs).float(),
                           step_grid(sampler, schedule=schedule_of(self.policy, sampler)).sigmas,
                           trainable_steps(sampler))
-        return RolloutOutput(iteration, traj, {})
 
 
 def on_host(state):
