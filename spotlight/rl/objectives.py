@@ -18,24 +18,35 @@ from spotlight.rl.sampler import Trajectory
 class ForwardProcessTrainer(FlowGRPO):
     """DiffusionNFT's objective (:mod:`spotlight.rl.nft`) on the rollout's clean samples.
 
-    The sampling policy's velocity v_old at each (sample, noise level) is computed once, before
-    the iteration's first optimizer step, from the weights the rollout was sampled with -- the
-    ones this trainer holds when the train stage starts. ``approx_kl`` reports the mean squared
-    drift of the velocity from v_old, and ``clip_fraction`` is 0: nothing is clipped."""
+    The sampling policy's velocity v_old at each (sample, noise level) is that of the weights
+    the rollout was sampled with -- the ones this trainer holds when the train stage starts.
+    A row in the first micro-batch is trained before any optimizer step, so its v_old is the
+    velocity its own forward pass computes; only the rows first trained after a step need a
+    forward pass of their own beforehand (none with one micro-batch per iteration: the
+    shipped configs). ``approx_kl`` reports the mean squared drift of the velocity from v_old,
+    and ``clip_fraction`` is 0: nothing is clipped."""
 
     def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
         """Here: indices into the iteration's noise levels (every one is trained)."""
         return list(range(self.config.objective.nft_timesteps))
 
-    def prepare(self, rollout: Rollout, kept: np.ndarray, steps: list[int], iteration: int) -> None:
+    def prepare(self, rollout: Rollout, batches: list[np.ndarray], steps: list[int],
+                iteration: int) -> None:
         objective, traj = self.config.objective, rollout.trajectory
         self.sigmas = training_sigmas(self.config.seed, iteration, len(steps),
                                       objective.nft_sigma_min)
         shape = tuple(traj.final.shape[1:])
         self.noise = training_noise(self.config.seed, iteration, len(traj.final), len(steps), shape)
         self.old_velocity = torch.zeros_like(self.noise)
-        rows = np.flatnonzero(kept)
-        device = module_device(self.policy)
+        self.old_known = torch.zeros(len(traj.final), dtype=torch.bool)
+        self.stepped = False
+        first = set(self.my_rows(batches[0]).tolist()) if batches else set()
+        later = {int(row) for batch in batches[1:] for row in self.my_rows(batch)} - first
+        self._old_velocities(rollout, np.array(sorted(later), dtype=np.int64))
+
+    def _old_velocities(self, rollout: Rollout, rows: np.ndarray) -> None:
+        """v_old of ``rows`` at every noise level, with the weights held now."""
+        device, traj = module_device(self.policy), rollout.trajectory
         self.policy.eval()
         with torch.no_grad():
             for start in range(0, len(rows), self.config.grpo.micro_batch):
@@ -46,6 +57,13 @@ class ForwardProcessTrainer(FlowGRPO):
                     x, _ = noised(x0, to_device(self.noise[idx, j], device), sigma)
                     v = self.policy.velocity(x, self._sigma(sigma, device), text)
                     self.old_velocity[idx, j] = v.float().cpu()
+        self.old_known[torch.from_numpy(rows)] = True
+
+    def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
+                steps: list[int]) -> dict[str, float]:
+        out = super()._update(traj, idx, adv, texts, steps)
+        self.stepped = True
+        return out
 
     @staticmethod
     def _sigma(sigma: float, device) -> torch.Tensor:
@@ -60,12 +78,18 @@ class ForwardProcessTrainer(FlowGRPO):
         optimal = to_device(torch.from_numpy(optimality(adv.cpu().numpy(), grpo.adv_clip_max))
                             .float(), device)
         text, ref_text = self.encode_prompts(texts)
+        known = self.old_known[idx]
+        if not bool(known.all()) and self.stepped:
+            raise RuntimeError("v_old of a row first trained after an optimizer step was not "
+                               "computed beforehand (prepare's micro-batches differ)")
         out = dict(ZERO_STATS)
         for j in steps:
             sigma = self.sigmas[j]
             x, target = noised(x0, to_device(self.noise[idx, j], device), sigma)
-            old = to_device(self.old_velocity[idx, j], device)
             v = self.policy.velocity(x, self._sigma(sigma, device), text).float()
+            # Before the first step the weights are the sampling policy's: v is v_old.
+            self.old_velocity[idx[~known], j] = v.detach()[~known.to(v.device)].cpu()
+            old = to_device(self.old_velocity[idx, j], device)
             loss = nft_loss(v, old, target, optimal, objective.nft_beta).mean() * share
             if self.reference is not None:
                 with torch.no_grad():
@@ -76,6 +100,7 @@ class ForwardProcessTrainer(FlowGRPO):
             (loss / len(steps)).backward(retain_graph=grpo.trainable == "all")
             out["loss"] += loss.item() / len(steps)
             out["approx_kl"] += float(((v.detach() - old) ** 2).mean()) * share / len(steps)
+        self.old_known[idx] = True
         return out
 
 

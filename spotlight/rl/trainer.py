@@ -80,6 +80,17 @@ def rollout_chunks(prompts: int, per_request: int) -> list[slice]:
 
 
 
+def micro_batches(rows: np.ndarray, epochs: int, size: int,
+                  rng: np.random.Generator) -> list[np.ndarray]:
+    """The rows of each optimizer step of an iteration, in order: every epoch a new
+    permutation of ``rows``, cut into micro-batches of ``size``."""
+    batches = []
+    for _ in range(epochs):
+        order = rng.permutation(rows)
+        batches += [order[start:start + size] for start in range(0, len(order), size)]
+    return batches
+
+
 def share_of(rows: int, rank: int, world: int) -> slice:
     """Member ``rank``'s contiguous share of ``rows`` split over ``world`` (sizes differ by at
     most one)."""
@@ -175,23 +186,29 @@ class FlowGRPO:
         # Set every iteration (not stepped by a scheduler), so a resumed run gets the same rate.
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.prepare(rollout, kept, steps, iteration)
-        rng = np.random.default_rng(derive_seed(self.config.seed, iteration, 53))
+        batches = micro_batches(np.flatnonzero(kept), grpo.inner_epochs, grpo.micro_batch,
+                                np.random.default_rng(derive_seed(self.config.seed, iteration, 53)))
+        self.prepare(rollout, batches, steps, iteration)
         self.policy.train()
-        for _ in range(grpo.inner_epochs):
-            order = rng.permutation(np.flatnonzero(kept))
-            for start in range(0, len(order), grpo.micro_batch):
-                idx = torch.from_numpy(order[start:start + grpo.micro_batch])
-                stats = self._update(traj, idx, adv[idx], [rollout.prompts[i].text for i in idx], steps)
-                for key in totals:
-                    totals[key] += stats[key]
-                updates += 1
+        for batch in batches:
+            idx = torch.from_numpy(batch)
+            stats = self._update(traj, idx, adv[idx], [rollout.prompts[i].text for i in idx], steps)
+            for key in totals:
+                totals[key] += stats[key]
+            updates += 1
         self.policy.eval()
         return {**{k: v / updates for k, v in totals.items()}, "learning_rate": lr}
 
-    def prepare(self, rollout: Rollout, kept: np.ndarray, steps: list[int], iteration: int) -> None:
-        """What an objective computes once per iteration, before its first optimizer step
-        (Flow-GRPO: nothing -- the rollout recorded its old log-probabilities)."""
+    def prepare(self, rollout: Rollout, batches: list[np.ndarray], steps: list[int],
+                iteration: int) -> None:
+        """What an objective computes once per iteration, before its first optimizer step,
+        knowing the micro-batches (rows) it will step on in order (Flow-GRPO: nothing -- the
+        rollout recorded its old log-probabilities)."""
+
+    def my_rows(self, batch: np.ndarray) -> np.ndarray:
+        """The rows of micro-batch ``batch`` this process computes (all, without peers)."""
+        rank, world = (0, 1) if self.peers is None else (self.peers.rank, self.peers.world)
+        return batch[share_of(len(batch), rank, world)]
 
     def _update(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                 steps: list[int]) -> dict[str, float]:
@@ -201,7 +218,7 @@ class FlowGRPO:
         takes the single-process step."""
         self.optimizer.zero_grad(set_to_none=True)
         rank, world = (0, 1) if self.peers is None else (self.peers.rank, self.peers.world)
-        mine = share_of(len(idx), rank, world)
+        mine = share_of(len(idx), rank, world)   # as my_rows takes them
         out = dict(ZERO_STATS)
         if mine.stop > mine.start:
             out = self._backward(traj, idx[mine], adv[mine], texts[mine], steps,

@@ -36,7 +36,7 @@ def trainer_and_batch(objective: str = "flow-grpo"):
     adv = torch.linspace(-0.5, 1.0, ROWS)   # a mean away from 0: a loss to compare
     rollout = Rollout([Prompt(t, "ocr") for t in texts], [], traj, np.empty(0), np.zeros(0))
     steps = trainer.trained_steps(rollout, 0)
-    trainer.prepare(rollout, np.ones(ROWS, bool), steps, 0)
+    trainer.prepare(rollout, [np.arange(ROWS)], steps, 0)   # one micro-batch of every row
     return trainer, traj, adv, texts, steps
 
 

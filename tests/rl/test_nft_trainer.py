@@ -6,6 +6,8 @@ import torch
 from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import check_rewards
+from spotlight.rl.grpo import group_advantages
+from spotlight.rl.nft import noised
 from spotlight.rl.objectives import ForwardProcessTrainer, build_trainer
 from spotlight.rl.trainer import FlowGRPO, iteration_prompts, random_seeds
 from tests.rl.test_trainer import brightness
@@ -25,8 +27,8 @@ def test_the_objective_kind_picks_the_trainer(tiny_config, nft_config):
 
 
 def test_the_first_step_starts_at_the_sampling_policy_and_moves_it(nft_config):
-    """One micro-batch: v equals the precomputed v_old (drift 0), and the step changes the
-    weights; the same iteration from the same weights trains identically."""
+    """One micro-batch: v is v_old (drift 0), and the step changes the weights; the same
+    iteration from the same weights trains identically."""
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     results = []
     for _ in range(2):
@@ -64,3 +66,41 @@ def test_nft_raises_a_simple_reward(nft_config):
         assert np.isfinite(stats.loss)
     after = trainer.rollout(prompts[:2], probe_seeds).rewards.mean()
     assert after > before + 0.02, (before, after)
+
+
+def test_v_old_is_the_sampling_policys_velocity_and_only_later_rows_need_a_pass_of_their_own(
+        nft_config):
+    """Two micro-batches, two epochs: every row's v_old is the velocity of the weights the
+    rollout was sampled with (the first micro-batch's from its own training pass, the second's
+    from a pass before the first step), and only the second micro-batch's rows were run
+    without gradient for it."""
+    config = nft_config.with_values({"grpo.micro_batch": 4, "grpo.inner_epochs": 2})
+    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
+    torch.manual_seed(0)
+    policy = DigitsPolicy(config.model, 12, 32)
+    sampling = DigitsPolicy(config.model, 12, 32)
+    sampling.load_state_dict(policy.state_dict())
+    trainer = ForwardProcessTrainer(config, policy, brightness, check_rewards)
+    rollout = trainer.rollout(prompts, random_seeds(0, 0, 2, 4))
+    advantages = group_advantages(rollout.rewards, global_std=False, clip=5.0)
+    assert advantages.kept.all()
+    rows_without_grad = []
+    velocity = policy.velocity
+
+    def counted(x, sigma, text):
+        if not torch.is_grad_enabled():
+            rows_without_grad.append(len(x))
+        return velocity(x, sigma, text)
+
+    policy.velocity = counted
+    trainer.train(rollout, advantages, 0)
+    assert sum(rows_without_grad) == 4 * len(trainer.sigmas)   # 4 rows at each noise level
+    assert bool(trainer.old_known.all())
+    final = rollout.trajectory.final.float()
+    with torch.no_grad():
+        text = sampling.encode([p.text for p in rollout.prompts])
+        for j, sigma in enumerate(trainer.sigmas):
+            x, _ = noised(final, trainer.noise[:, j], sigma)
+            expected = sampling.velocity(x, torch.tensor([sigma]), text).float()
+            torch.testing.assert_close(trainer.old_velocity[:, j], expected, rtol=1e-5,
+                                       atol=1e-6)
