@@ -20,7 +20,9 @@ off it -- these three at equal exploration budget (the same candidates and repla
 ``staleness_cost`` is stale's iterations over fresh's. ``spotlight`` is the product: stale
 exploration with the planner, which picks the candidates and replay steps per iteration to fit
 the exploration window the ``stale`` cluster run measured (``spotlight-xR``: on R times the spot
-capacity). The exploration deadline is off: the harness replays every planned candidate.
+capacity), so its seconds per iteration are that run's less the time each of its iterations
+waited for the next one's exploration (the fixed arm may not fit the window; a plan does).
+The exploration deadline is off: the harness replays every planned candidate.
 
 Each mode may also run behind another training objective (:mod:`pipelines.bench.bench_modes`:
 ``nft-vanilla`` is DiffusionNFT's objective without exploration, the strong baseline;
@@ -107,6 +109,7 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None,
     t0 = results[0].start
     return {"val_curve": [[c["iteration"], c["val_reward"]] for c in curve],
             "iteration_s": [r.wall_s for r in results],
+            "explore_wait_s": [r.explore_wait_s or 0.0 for r in results],
             "validated": [r.val_reward is not None for r in results],
             "iterations_to_target": reached,
             "time_to_target_s": (results[reached - 1].end - t0) if reached else None,

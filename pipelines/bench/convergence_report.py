@@ -89,13 +89,17 @@ def tau_figures(spot_jobs: list[dict]) -> dict:
             "by_iteration": over}
 
 
-def seconds_per_iteration(cluster_run: dict) -> float:
+def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
     """Critical-path seconds of an iteration: the median over iterations after the first (which
     warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
-    (validation measures; every mode pays it alike)."""
-    plain = [s for i, (s, v) in enumerate(zip(cluster_run["iteration_s"], cluster_run["validated"]))
+    (validation measures; every mode pays it alike). ``fitted``: less the time the iteration
+    waited for the next one's exploration -- what it takes when the exploration fits its window,
+    as the planner's plans are made to (a run saved before the wait was measured has none)."""
+    waits = cluster_run.get("explore_wait_s") if fitted else None
+    seconds = np.subtract(cluster_run["iteration_s"], waits if waits else 0.0)
+    plain = [s for i, (s, v) in enumerate(zip(seconds, cluster_run["validated"]))
              if i > 0 and not v]
-    return float(np.median(plain or cluster_run["iteration_s"]))
+    return float(np.median(plain or seconds))
 
 
 def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
@@ -114,8 +118,8 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
                if not planned_ratio(m)}
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
     for mode in modes:   # a plan fits the window: the gpu workers' time is stale exploration's
-        if planned_ratio(mode) and stale_of(mode) in s_per_it:
-            s_per_it[mode] = s_per_it[stale_of(mode)]
+        if planned_ratio(mode) and cluster.get(stale_of(mode)) is not None:
+            s_per_it[mode] = seconds_per_iteration(cluster[stale_of(mode)], fitted=True)
     times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
 

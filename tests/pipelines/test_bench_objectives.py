@@ -1,8 +1,10 @@
 """bench convergence with another training objective: its modes run end to end, the cluster
 computes what the harness does under that objective, and exploration on top of it is measured
 against it alone."""
+import json
 from pathlib import Path
 
+from pipelines.bench.convergence_report import seconds_per_iteration
 from pipelines.observe.run_view import RunView
 from tests.pipelines.conftest import run_quick_bench
 from tests.pipelines.test_cli import tiny_yaml  # noqa: F401 - the fixture
@@ -26,7 +28,12 @@ def test_bench_convergence_quick_with_the_forward_process_objective(tiny_yaml, t
     assert kinds == {"vanilla": "flow-grpo", "nft-vanilla": "nft", "nft-stale": "nft"}
     # (The tiny world's rewards are all zero, so its curves cannot tell objectives apart:
     # the stored configs above are the check that each run trained with its own.)
+    # The planned mode: the fixed-arm stale run's seconds less its waits for exploration.
+    stale_part = Path(result["parts"]) / "cluster-nft-stale-seed0.json"
+    stale_run = json.loads(stale_part.read_text())["result"]
+    assert len(stale_run["explore_wait_s"]) == len(stale_run["iteration_s"])
     assert result["seconds_per_iteration"]["nft-spotlight"] == \
+        seconds_per_iteration(stale_run, fitted=True) <= \
         result["seconds_per_iteration"]["nft-stale"]
     assert result["planner_choices"]["nft-spotlight"][0][0] == 1
     by_mode = result["speedup_by_mode"]["nft-spotlight"]

@@ -84,7 +84,9 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
     assert result["modes"] == list(modes) and result["target"] == 2.0
     # The planner planned iteration 1 on the time the stale cluster run measured.
     assert result["planner_choices"]["spotlight"][0][0] == 1
-    assert result["seconds_per_iteration"]["spotlight"] == result["seconds_per_iteration"]["stale"]
+    # ... and is timed as that run less its waits for exploration (its plans fit the window).
+    assert 0 < result["seconds_per_iteration"]["spotlight"] <= \
+        result["seconds_per_iteration"]["stale"]
     for key in ("speedup_vs_vanilla", "iteration_speedup_vs_vanilla"):
         assert set(result[key]) == {"median", "ci90", "per_seed"}, key
     assert result["speedup_vs_sync"] is None and result["staleness_cost"] is None   # no sync

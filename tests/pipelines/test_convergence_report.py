@@ -171,6 +171,19 @@ def test_seconds_per_iteration_leave_out_the_warm_up_and_validations():
     assert seconds_per_iteration({"iteration_s": [3.0], "validated": [True]}) == 3.0
 
 
+def test_a_planned_mode_is_timed_without_the_stale_runs_wait_for_exploration(tmp_path):
+    # The fixed-arm stale run waited 6 s an iteration for the next one's exploration (spot
+    # capacity short of its arm); the planner fits its plans to the window, so not its modes.
+    assert seconds_per_iteration(dict(cluster(12.0), explore_wait_s=[0.0, 6.0, 7.0, 0.0]),
+                                 fitted=True) == 5.5
+    assert seconds_per_iteration(dict(cluster(12.0), explore_wait_s=[0.0, 6.0, 7.0, 0.0])) == 12.0
+    jobs = saved_jobs()
+    jobs["cluster-stale-seed0"]["explore_wait_s"] = [0.0, 4.0, 4.0, 0.0]
+    result = summarize(jobs, FACTS, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["seconds_per_iteration"]["stale"] == 11.0
+    assert result["seconds_per_iteration"]["spotlight"] == 7.0
+
+
 def test_the_cluster_check_compares_the_validations_both_ran():
     harness = [(0, 0.24), (5, 0.242), (10, 0.23)]
     # The cluster stopped at 7 and validated there too (the driver validates the last one).

@@ -94,6 +94,7 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
                                for k in range(3)],
                    "weights": store.load_checkpoint(3).weights,
                    "taus": [r.kendall_tau for r in session.results],
+                   "waits": [(r.explored, r.explore_wait_s) for r in session.results],
                    "tasks": [store.get_json(stage_name(k, "iteration"), "tasks")["tasks"]
                              for k in range(3)]}
     harness = Harness(explored_config, "spotlight", base_val_reward=0.0)
@@ -114,6 +115,9 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
     # τ of the selected seeds compares exploration's rewards with the rollout's: trained on
     # exploration's own, there is nothing to compare.
     assert cluster["taus"][1] is None and cluster["taus"][2] is None
+    # Each iteration that explored the next one says how long it then waited for that.
+    assert [explored > 0 for explored, _ in cluster["waits"]] == [True, True, False]
+    assert all(wait >= 0.0 for _, wait in cluster["waits"][:2]) and cluster["waits"][2][1] is None
     for k in range(3):
         np.testing.assert_array_equal(rewards[k], cluster["rewards"][k])
     assert all(torch.equal(weights[name], cluster["weights"][name]) for name in weights)
