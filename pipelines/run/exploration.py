@@ -298,7 +298,8 @@ class Exploration:
                 cfg.cluster.threads_per_worker
             plan = self.planner.plan(iteration, prompts, cfg.grpo.group_size, slots,
                                      self._window_history(iteration - 1),
-                                     self._seconds_per_sample_step(iteration - 1), rollout_steps)
+                                     self._seconds_per_sample_step(iteration - 1), rollout_steps,
+                                     self._replaced_rollout_s(iteration - 1))
         else:
             plan = Plan(iteration, cfg.exploration.candidates, rollout_steps, prompts, None, None,
                         None, "fixed: planner off")
@@ -322,6 +323,19 @@ class Exploration:
             if seconds is not None:
                 out.append(seconds)
         return out
+
+    def _replaced_rollout_s(self, before: int) -> float | None:
+        """Under ``objective.train_on_explored``: the newest measured rollout that was sampled
+        (not the explored samples) before iteration ``before`` -- what exploring every prompt
+        saves; else None."""
+        if not self.config.objective.train_on_explored:
+            return None
+        for k in range(before - 1, -1, -1):
+            record = self.run.log.get(k, Stage.ROLLOUT)
+            task = record.task if record is not None else None
+            if task and "start" in task and not task.get("explored"):
+                return task["end"] - task["start"]
+        return None
 
     def _seconds_per_sample_step(self, before: int) -> float | None:
         """Measured spot-seconds per sample per denoising step, from the newest exploration."""

@@ -50,6 +50,8 @@ class TimeModel:
     window_s: float              # exploration window of one iteration (measured on a cluster)
     sec_per_sample_step: float   # one spot slot's seconds per candidate and denoising step
     spot_slots: int = 1          # spot workers x threads: the spot capacity rented
+    rollout_s: float | None = None   # a rollout's seconds, which exploring every prompt saves
+                                     # under objective.train_on_explored (None: not measured)
 
     def explore_s(self, plan: Plan) -> float:
         """Wall seconds the plan's exploration takes on the spot slots."""
@@ -68,6 +70,7 @@ class HarnessIteration:
     audit_tau: float | None = None   # stale vs fresh ranking of random candidates
     val_reward: float | None = None  # of θ_k+1, when validated
     plan: tuple[int, int, int] | None = None   # the planner's N, M and prompts for k+1
+    trained_on_explored: bool = False   # its rollout was the explored samples (no sampling)
 
 
 @dataclass
@@ -159,8 +162,8 @@ class Harness:
         tau = self.audit(k, prompts) if self.stale_exploration else None
         if explore_next and self.stale_exploration:   # θ_k explores k+1 (while θ_k trains)
             self.stale[k + 1] = self.explore_planned(k + 1, k)
-        rollout, rewards = self.rollout(tasks.RolloutRequest(k, prompts, selection.seeds, k),
-                                        selection, source)
+        rollout, rewards, reused = self.rollout(
+            tasks.RolloutRequest(k, prompts, selection.seeds, k), selection, source)
         adv = tasks.advantages_task(cfg, k, rewards, k)
         self.pay_planner(k, adv)
         trained = tasks.train_task(cfg, self.store, rollout,
@@ -172,22 +175,23 @@ class Harness:
         plan = self.plans.get(k + 1)
         return HarnessIteration(k, float(rewards.mean()), float(rewards.std(axis=1).mean()),
                                 source, tau, self.validate(k + 1) if validate else None,
-                                (plan.candidates, plan.steps, plan.prompts) if plan else None)
+                                (plan.candidates, plan.steps, plan.prompts) if plan else None,
+                                reused)
 
     def rollout(self, request: tasks.RolloutRequest, selection: Selection,
-                source: str) -> tuple[tasks.RolloutOutput, np.ndarray]:
-        """The iteration's rollout and rewards: the explored samples themselves where
-        ``objective.train_on_explored`` may use them, else sampled and scored."""
+                source: str) -> tuple[tasks.RolloutOutput, np.ndarray, bool]:
+        """The iteration's rollout and rewards, and whether they are the explored samples
+        themselves (where ``objective.train_on_explored`` may use them) or sampled and scored."""
         cfg = self.config
         if trains_on_explored(cfg, selection):
             reused = explored_rollout_task(cfg, self.store, request, selection, source)
             if reused["found"]:
                 return tasks.load_rollout_task(cfg, self.store, request.iteration), \
-                    reused["rewards"]
+                    reused["rewards"], True
         rollout = rollout_task(cfg, self.store, request, self.attempt)
         scored = tasks.reward_task(cfg, self.store, rollout, request.prompts,
                                    cfg.grpo.group_size, request.iteration)
-        return rollout, scored["rewards"]
+        return rollout, scored["rewards"], False
 
     # --- the planner on modelled time ----------------------------------------------------------
     def explore_planned(self, iteration: int, version: int) -> list[tuple[list, list]]:
@@ -199,7 +203,8 @@ class Harness:
         model, prompts = self.time_model, self.prompts(iteration)
         plan = self.planner.plan(iteration, len(prompts), cfg.grpo.group_size, model.spot_slots,
                                  [model.window_s], model.sec_per_sample_step,
-                                 cfg.exploration.steps or cfg.sampler.num_steps)
+                                 cfg.exploration.steps or cfg.sampler.num_steps,
+                                 model.rollout_s if cfg.objective.train_on_explored else None)
         self.plans[iteration] = plan
         explored = (self.explore(iteration, version, plan.candidates, "explore",
                                  prompts[:plan.prompts], plan.steps)

@@ -86,7 +86,9 @@ class ExplorationPlanner:
 
     def plan(self, iteration: int, prompts: int, group_size: int, spot_slots: int,
              train_history_s: list[float], sec_per_sample_step: float | None,
-             rollout_steps: int) -> Plan:
+             rollout_steps: int, replaced_rollout_s: float | None = None) -> Plan:
+        """The setting to explore ``iteration`` with. ``replaced_rollout_s``: exploration of
+        every prompt replaces a rollout that takes this long (``objective.train_on_explored``)."""
         budget_train = predict_train_seconds(train_history_s, self.config.train_time_window)
         budget = None if budget_train is None else budget_train * self.config.budget_fraction
         # N <= G keeps every candidate: no selection, so no gain over random seeds.
@@ -117,8 +119,10 @@ class ExplorationPlanner:
                 plan = Plan(iteration, n, m, prompts, wall(n, m), budget, arm,
                             "untried setting" if self.pulls[arm] == 0 else "ucb")
             else:
-                plan = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
-                                    min(self._steps(a, rollout_steps) for a in useful))
+                plan = self._covering(iteration, prompts, cheapest, rollout_steps, budget, wall,
+                                      replaced_rollout_s) or \
+                    self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
+                                 min(self._steps(a, rollout_steps) for a in useful))
         plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
@@ -142,6 +146,21 @@ class ExplorationPlanner:
         scores = [self._mean(a) + self.config.gamma * math.sqrt(math.log(total + 1) / self.pulls[a])
                   for a in fits]
         return fits[max(range(len(fits)), key=lambda i: (scores[i], -i))]
+
+    def _covering(self, iteration: int, prompts: int, cheapest: int, rollout_steps: int,
+                  budget: float, wall, replaced_rollout_s: float | None) -> Plan | None:
+        """Where explored samples replace the rollout, the cheapest setting on every prompt
+        although it overruns the window: the iteration waits for the overrun, which is
+        shorter than the rollout that any unexplored prompt would bring back (None if not)."""
+        if replaced_rollout_s is None:
+            return None
+        n, m = self.arms[cheapest][0], self._steps(cheapest, rollout_steps)
+        seconds = wall(n, m)
+        if seconds - budget >= replaced_rollout_s:
+            return None
+        return Plan(iteration, n, m, prompts, seconds, budget, cheapest,
+                    f"over budget by {seconds - budget:.2f} s, under the {replaced_rollout_s:.2f} s "
+                    "rollout its samples replace: every prompt")
 
     def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:

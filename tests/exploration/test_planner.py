@@ -87,6 +87,26 @@ def test_cold_start_no_slots_and_shrinking():
     assert hopeless.candidates == 0 and "skipped" in hopeless.reason
 
 
+def test_where_samples_replace_the_rollout_every_prompt_is_explored_if_that_is_sooner():
+    """16 prompts x 16 x 10 steps x 0.01 s = 25.6 s against a 4.5 s budget: 21.1 s over. An
+    unexplored prompt brings the whole rollout back, so a rollout longer than the overrun
+    makes the planner explore every prompt at its cheapest setting; a shorter one (or none to
+    replace) leaves it shrinking to what fits, as before."""
+    planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0]))
+    covering = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS,
+                            replaced_rollout_s=21.2)
+    assert (covering.candidates, covering.steps, covering.prompts) == (16, 10, PROMPTS)
+    assert covering.predicted_s == pytest.approx(25.6) and covering.arm == 0
+    assert "every prompt" in covering.reason
+    for rollout_s in (21.0, None):
+        shrunk = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS,
+                              replaced_rollout_s=rollout_s)
+        assert (shrunk.candidates, shrunk.prompts) == (16, 2)
+    # What fits is planned as before: the rollout to replace changes nothing there.
+    fits = planner.plan(4, PROMPTS, GROUP, 1, [5.0], 0.001, ROLLOUT_STEPS, replaced_rollout_s=9.0)
+    assert fits.prompts == PROMPTS and fits.predicted_s <= fits.budget_s
+
+
 def test_deterministic_and_resumable():
     gain = {8: 1.1, 16: 1.3, 24: 1.35, 32: 1.4}
     a = _simulate(ExplorationPlanner(PlannerConfig()), 60, seed=4, true_gain=gain)

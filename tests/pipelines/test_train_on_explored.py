@@ -136,3 +136,25 @@ def test_sync_exploration_trains_on_what_the_current_weights_explored(explored_c
         harness.close()
     assert [it.source for it in run.iterations] == ["sync", "sync"] and explored == [True, True]
     np.testing.assert_array_equal(rewards, selection.selected_rewards)
+
+
+@pytest.mark.parametrize("rollout_s,covered", [(5.0, True), (1.0, False), (None, False)])
+def test_the_planner_explores_every_prompt_when_that_beats_sampling_the_rollout(
+        explored_config, rollout_s, covered):
+    """The cheapest plan, 2 prompts x 6 candidates x 3 steps x 0.1 s = 3.6 s, overruns the
+    0.9 s budget by 2.7 s. Against a 5 s rollout that exploring every prompt saves, it is
+    planned and the next iteration trains on its samples; against a 1 s rollout (or none
+    measured) nothing that fits is worth it, and the iteration samples its rollout."""
+    from pipelines.run.harness import TimeModel
+
+    config = explored_config.with_values({"planner.enabled": True, "planner.candidates": [6],
+                                          "planner.steps": [0]})
+    harness = Harness(config, "spotlight", base_val_reward=0.0,
+                      time_model=TimeModel(1.0, 0.1, 1, rollout_s))
+    try:
+        run = harness.run_iterations(2)
+    finally:
+        harness.close()
+    plan = run.iterations[0].plan
+    assert (plan == (6, 3, 2)) is covered and (plan[2] == 0) is not covered
+    assert [it.trained_on_explored for it in run.iterations] == [False, covered]
