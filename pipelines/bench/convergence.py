@@ -48,6 +48,7 @@ from pipelines.bench.bench_modes import (SEED_MODES, known_mode, objective_setti
                                          planned_ratio, seed_mode, session_mode, stale_of)
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
 from pipelines.front.session import Session
+from pipelines.observe.run_view import RunView
 from spotlight.config import RunConfig, load_config
 from spotlight.exploration.planner import exploration_window_s
 from spotlight.models.base import base_policy
@@ -117,10 +118,11 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None,
             "time_model": measured_time_model(records, cfg.exploration.window)}
 
 
-def measured_time_model(records: list[dict], window: str) -> list[float] | None:
+def measured_time_model(records: list[dict], window: str) -> list[float | None] | None:
     """What a planner in the harness plans with, as this run measured it: the median
-    exploration window (rollout start to training end, or training alone) and the spot
-    workers' seconds per candidate and denoising step; None without exploration."""
+    exploration window (rollout start to training end, or training alone), the spot
+    workers' seconds per candidate and denoising step, and the median rollout of the
+    iterations that sampled one (None if none did); None without exploration."""
     by_iteration: dict[int, dict[str, list[dict]]] = {}
     for r in records:
         by_iteration.setdefault(r["iteration"], {}).setdefault(r["stage"], []).append(r)
@@ -135,7 +137,18 @@ def measured_time_model(records: list[dict], window: str) -> list[float] | None:
     work = sum(r["samples"] * r["steps"] for r in explored)
     if not windows or not work:
         return None
-    return [float(np.median(windows)), sum(r["end"] - r["start"] for r in explored) / work]
+    return [float(np.median(windows)), sum(r["end"] - r["start"] for r in explored) / work,
+            sampled_rollout_s(by_iteration)]
+
+
+def sampled_rollout_s(by_iteration: dict[int, dict[str, list[dict]]]) -> float | None:
+    """The median first-to-last span of the rollout tasks of the iterations that sampled
+    their rollout (not trained on explored samples); None if none did."""
+    spans = [max(r["end"] for r in rollout) - min(r["start"] for r in rollout)
+             for stages in by_iteration.values()
+             for rollout in [stages.get("rollout", [])]
+             if rollout and not any(r.get("explored") for r in rollout)]
+    return float(np.median(spans)) if spans else None
 
 
 def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
@@ -274,6 +287,10 @@ def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,
         store.loaded.pop(name)   # saved by a Spotlight that did not measure it: measure again
         cluster_check(plan, store, stale, seed, goal)
     model = store.loaded.get(name, {}).get("time_model")
+    if model is not None and len(model) == 2:   # saved before the rollout's time was kept
+        run = RunView.open(str(store.folder / "runs" / name))
+        model = measured_time_model(run.tasks(), plan.config.with_values(
+            CLUSTER_SETTINGS).exploration.window)
     if model is None:
         raise RuntimeError(f"the {stale} cluster run measured no exploration, so the spotlight "
                            "modes have no time to plan with")

@@ -9,8 +9,8 @@ import numpy as np
 
 from pipelines.bench.convergence_plot import plot_convergence
 from pipelines.bench.registry import machine
-from pipelines.bench.bench_modes import (baseline_of, planned_ratio, seed_mode, split_mode,
-                                         stale_of)
+from pipelines.bench.bench_modes import baseline_of, planned_ratio, seed_mode, split_mode
+from pipelines.bench.convergence_time import iteration_times
 from pipelines.bench.paired import cluster_part
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
@@ -89,19 +89,6 @@ def tau_figures(spot_jobs: list[dict]) -> dict:
             "by_iteration": over}
 
 
-def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
-    """Critical-path seconds of an iteration: the median over iterations after the first (which
-    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
-    (validation measures; every mode pays it alike). ``fitted``: less the time the iteration
-    waited for the next one's exploration -- what it takes when the exploration fits its window,
-    as the planner's plans are made to (a run saved before the wait was measured has none)."""
-    waits = cluster_run.get("explore_wait_s") if fitted else None
-    seconds = np.subtract(cluster_run["iteration_s"], waits if waits else 0.0)
-    plain = [s for i, (s, v) in enumerate(zip(seconds, cluster_run["validated"]))
-             if i > 0 and not v]
-    return float(np.median(plain or seconds))
-
-
 def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
               png: Path) -> dict:
     """The contract keys over the seeds every mode has finished (and, once they ran, the
@@ -116,12 +103,9 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
                        facts.get("budget") or iterations)
     cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in modes
                if not planned_ratio(m)}
-    s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
-    for mode in modes:   # a plan fits the window: the gpu workers' time is stale exploration's
-        if planned_ratio(mode) and cluster.get(stale_of(mode)) is not None:
-            s_per_it[mode] = seconds_per_iteration(cluster[stale_of(mode)], fitted=True)
-    times = {m: [i * s_per_it[m] for i in figures[m]["censored"]] for m in s_per_it}
     its = {m: figures[m]["censored"] for m in modes}
+    s_per_it, times = iteration_times(saved, modes, cluster, done, its,
+                                      config.cluster.spot_workers * config.cluster.threads_per_worker)
 
     by_mode = speedup_by_mode(modes, times, its)
     product = by_mode.get(facts.get("product", "spotlight"), {})

@@ -85,7 +85,8 @@ def by_contents(value):
 class Job:
     mode: str
     seed: int
-    time_model: tuple[float, float] | None = None   # planned modes: window s, s/sample-step
+    # Planned modes: window s, s/sample-step and (where measured) a rollout's s.
+    time_model: tuple[float, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -105,10 +106,11 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
     model = None
     ratio, mode = planned_ratio(job.mode), session_mode(job.mode)
     if ratio is not None:   # stale exploration with the planner, on the measured time
-        window_s, sec_per_sample_step = job.time_model
+        window_s, sec_per_sample_step, *rollout_s = job.time_model
         config = config.with_values({"planner.enabled": True})
         model = TimeModel(window_s, sec_per_sample_step,
-                          ratio * config.cluster.spot_workers * config.cluster.threads_per_worker)
+                          ratio * config.cluster.spot_workers * config.cluster.threads_per_worker,
+                          rollout_s[0] if rollout_s else None)
     harness = Harness(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
 
     at_budget: list = []   # the validation rewards per prompt and seed at the budget

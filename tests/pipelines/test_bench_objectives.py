@@ -4,7 +4,7 @@ against it alone."""
 import json
 from pathlib import Path
 
-from pipelines.bench.convergence_report import seconds_per_iteration
+from pipelines.bench.convergence_time import seconds_per_iteration
 from pipelines.observe.run_view import RunView
 from tests.pipelines.conftest import run_quick_bench
 from tests.pipelines.test_cli import tiny_yaml  # noqa: F401 - the fixture

@@ -8,8 +8,8 @@ import pytest
 
 from pipelines.bench.convergence import measured_time_model
 from pipelines.bench.convergence_plot import shown_ratios
-from pipelines.bench.convergence_report import (hourly_usd, same_validations,
-                                                seconds_per_iteration, summarize)
+from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
+from pipelines.bench.convergence_time import planned_iteration_s, seconds_per_iteration
 from pipelines.bench.bench_modes import planned_ratio
 from pipelines.bench.paired import PairedPlan, PairedStore, time_left_s
 from pipelines.run.harness import HarnessIteration, HarnessRun
@@ -184,6 +184,27 @@ def test_a_planned_mode_is_timed_without_the_stale_runs_wait_for_exploration(tmp
     assert result["seconds_per_iteration"]["spotlight"] == 7.0
 
 
+def test_a_planned_mode_on_explored_samples_pays_its_rollouts_and_overruns():
+    """Modelled seconds per iteration: the gpu path of the stale run (8 s, no rollout), a
+    sampled rollout (5 s) where the plan left prompts unexplored, and a plan that overruns
+    the gpu path on the spot slots (32 x 16 x 10 x 0.003 s = 15.36 s on one slot)."""
+    its = [{"iteration": 0, "plan": [16, 10, 32], "trained_on_explored": False},
+           {"iteration": 1, "plan": [16, 6, 32], "trained_on_explored": True},
+           {"iteration": 2, "plan": [16, 6, 20], "trained_on_explored": True},
+           {"iteration": 3, "plan": [16, 6, 32], "trained_on_explored": False}]
+    job = {"iterations": its, "time_model": [9.0, 0.003, 5.0]}
+    # 0: the first rollout every mode samples; 1: 9.216 s of exploration > 8; 2: fits;
+    # 3: a sampled rollout, 8 + 5.
+    assert planned_iteration_s("reuse-spotlight", job, 8.0, 4, 1) == \
+        pytest.approx((15.36 + 9.216 + 8.0 + 13.0) / 4)
+    assert planned_iteration_s("reuse-spotlight", job, 8.0, 2, 1) == \
+        pytest.approx((15.36 + 9.216) / 2)   # to the target only
+    # Twice the spot slots halve exploration; a mode that always samples pays no extra rollout.
+    assert planned_iteration_s("reuse-spotlight-x2", job, 8.0, 4, 1) == \
+        pytest.approx((8.0 + 8.0 + 8.0 + 13.0) / 4)
+    assert planned_iteration_s("nft-spotlight-x2", job, 8.0, 4, 1) == pytest.approx(8.0)
+
+
 def test_the_cluster_check_compares_the_validations_both_ran():
     harness = [(0, 0.24), (5, 0.242), (10, 0.23)]
     # The cluster stopped at 7 and validated there too (the driver validates the last one).
@@ -200,8 +221,13 @@ def test_planned_modes_plan_on_the_stale_runs_measured_time(tmp_path):
                     {"stage": "train", "iteration": k, "start": t + 4, "end": t + 10 + k},
                     {"stage": "explore", "iteration": k + 1, "start": t, "end": t + 2,
                      "samples": 4, "steps": 10}]
-    window, per_step = measured_time_model(records, "iteration")
+    window, per_step, rollout_s = measured_time_model(records, "iteration")
     assert window == pytest.approx(10.5) and per_step == pytest.approx(4.0 / 80)
+    assert rollout_s == pytest.approx(4.0)
+    # An iteration trained on explored samples sampled no rollout: its 0.1 s is not one.
+    explored = [dict(r, explored="explore", end=r["start"] + 0.1) if r["stage"] == "rollout"
+                and r["iteration"] == 1 else r for r in records]
+    assert measured_time_model(explored, "iteration")[2] == pytest.approx(4.0)
     assert measured_time_model(records, "train")[0] == pytest.approx(6.5)
     assert measured_time_model([r for r in records if r["stage"] != "explore"], "train") is None
     assert [planned_ratio(m) for m in ("spotlight", "spotlight-x4", "stale", "spotlight-xx")] \

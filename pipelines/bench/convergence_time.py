@@ -1,0 +1,70 @@
+"""Seconds per iteration in ``bench convergence``: measured on the cluster for the modes it ran,
+modelled for the planned ones from their fixed-arm stale run and their own plans.
+
+A planned mode's iteration is its stale run's critical path less that run's waits for
+exploration (a plan is made to fit the window; the fixed arm need not), unless its own plan
+says otherwise: under ``objective.train_on_explored`` the planner may explore every prompt past
+the window (the iteration then waits for the overrun), or fall back to sampling the rollout
+(which the stale run's explored iterations did not pay). Pure arithmetic over saved parts.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines.bench.bench_modes import objective_settings, planned_ratio, stale_of
+
+
+def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
+    """Critical-path seconds of an iteration: the median over iterations after the first (which
+    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
+    (validation measures; every mode pays it alike). ``fitted``: less the time the iteration
+    waited for the next one's exploration -- what it takes when the exploration fits its window,
+    as the planner's plans are made to (a run saved before the wait was measured has none)."""
+    waits = cluster_run.get("explore_wait_s") if fitted else None
+    seconds = np.subtract(cluster_run["iteration_s"], waits if waits else 0.0)
+    plain = [s for i, (s, v) in enumerate(zip(seconds, cluster_run["validated"]))
+             if i > 0 and not v]
+    return float(np.median(plain or seconds))
+
+
+def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float,
+                        spot_slots: int) -> float:
+    """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations`` iterations (all of
+    them if it ran fewer): each the longer of the gpu path (``fitted_s``, plus the rollout
+    where a mode that trains on explored samples had to sample one) and the exploration its
+    plan started on its spot slots (``spot_slots`` per unit of its capacity ratio)."""
+    model = job.get("time_model") or []
+    window_s, per_step, rollout_s = (list(model) + [None, None, None])[:3]
+    reuses = bool(objective_settings(mode).get("objective.train_on_explored"))
+    slots = (planned_ratio(mode) or 1) * spot_slots
+    seconds = []
+    for it in job["iterations"][:max(1, int(np.ceil(iterations)))]:
+        gpu = fitted_s
+        if reuses and it["iteration"] > 0 and not it.get("trained_on_explored", True):
+            gpu += rollout_s or 0.0
+        explore = 0.0
+        if it.get("plan") and per_step is not None:
+            candidates, steps, prompts = it["plan"]
+            explore = prompts * candidates * steps * per_step / slots
+        seconds.append(max(gpu, explore))
+    return float(np.mean(seconds)) if seconds else fitted_s
+
+
+def iteration_times(saved: dict[str, dict], modes: list[str], cluster: dict[str, dict | None],
+                    seeds: list[int], censored: dict[str, list[float]], spot_slots: int
+                    ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(seconds per iteration per mode -- a planned mode's median over seeds --, time to the
+    target per mode and seed): iterations to the target (censored) times the seconds. The
+    cluster ran with ``spot_slots`` spot slots (workers x threads)."""
+    s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
+    times = {m: [i * s_per_it[m] for i in censored[m]] for m in s_per_it}
+    for mode in modes:
+        stale = cluster.get(stale_of(mode))
+        if not planned_ratio(mode) or stale is None:
+            continue
+        fitted = seconds_per_iteration(stale, fitted=True)
+        per_seed = [planned_iteration_s(mode, saved[f"{mode}-seed{s}"], fitted, i, spot_slots)
+                    for s, i in zip(seeds, censored[mode])]
+        s_per_it[mode] = float(np.median(per_seed))
+        times[mode] = [i * s for i, s in zip(censored[mode], per_seed)]
+    return s_per_it, times
