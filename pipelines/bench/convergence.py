@@ -291,6 +291,7 @@ def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,
         run = RunView.open(str(store.folder / "runs" / name))
         model = measured_time_model(run.tasks(), plan.config.with_values(
             CLUSTER_SETTINGS).exploration.window)
+        store.save(name, {**store.loaded[name], "time_model": model})   # the parts suffice
     if model is None:
         raise RuntimeError(f"the {stale} cluster run measured no exploration, so the spotlight "
                            "modes have no time to plan with")

@@ -23,7 +23,7 @@ def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(mo
     monkeypatch.setattr(convergence, "cluster_check", lambda plan, store, mode, seed, goal:
                         calls.append(("cluster", f"{mode}-seed{seed}")))
     # The planned mode is not timed on the cluster: it plans on the stale run's measured time.
-    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01]}})
+    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01, 9.0]}})
     run_phases(None, store, ("vanilla", "sync", "stale", "spotlight"), [0, 1, 2], [0], 2, 0.3,
                lambda: {})
     assert calls == [
@@ -38,3 +38,27 @@ def test_the_planned_modes_need_the_stale_runs_measured_time(monkeypatch):
     store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": None}})
     with pytest.raises(RuntimeError, match="stale cluster run measured no exploration"):
         run_phases(None, store, ("stale", "spotlight"), [0], [0], 2, 0.3, lambda: {})
+
+
+def test_a_time_model_saved_without_the_rollout_is_completed_from_the_stored_run(
+        monkeypatch, tmp_path):
+    """A stale cluster run saved before the sampled rollout's seconds were kept: its run store
+    still holds the tasks, so the model is measured again from them and saved with the part."""
+    from spotlight.config import RunConfig
+
+    records = [{"stage": "rollout", "iteration": 0, "start": 0.0, "end": 7.0},
+               {"stage": "train", "iteration": 0, "start": 7.0, "end": 15.0},
+               {"stage": "explore", "iteration": 1, "start": 0.0, "end": 4.0, "samples": 4,
+                "steps": 10}]
+    opened = []
+    monkeypatch.setattr(convergence.RunView, "open", lambda url: opened.append(url) or
+                        SimpleNamespace(tasks=lambda: records))
+    saved = {}
+    store = SimpleNamespace(folder=tmp_path, loaded={"cluster-stale-seed0": {
+        "time_model": [15.0, 0.1], "iteration_s": [15.0]}},
+        save=lambda name, result: saved.update({name: result}))
+    plan = SimpleNamespace(config=RunConfig())
+    model = convergence.time_model(plan, store, "stale", 0, 0.3)
+    assert model == (15.0, 0.1, 7.0)
+    assert opened == [str(tmp_path / "runs" / "cluster-stale-seed0")]
+    assert saved["cluster-stale-seed0"] == {"time_model": [15.0, 0.1, 7.0], "iteration_s": [15.0]}
