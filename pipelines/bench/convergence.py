@@ -289,8 +289,7 @@ def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,
     model = store.loaded.get(name, {}).get("time_model")
     if model is not None and len(model) == 2:   # saved before the rollout's time was kept
         run = RunView.open(str(store.folder / "runs" / name))
-        model = measured_time_model(run.tasks(), plan.config.with_values(
-            CLUSTER_SETTINGS).exploration.window)
+        model = measured_time_model(run.tasks(), CLUSTER_SETTINGS["exploration.window"])
         store.save(name, {**store.loaded[name], "time_model": model})   # the parts suffice
     if model is None:
         raise RuntimeError(f"the {stale} cluster run measured no exploration, so the spotlight "

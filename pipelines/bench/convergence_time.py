@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipelines.bench.bench_modes import objective_settings, planned_ratio, stale_of
+from spotlight.exploration.planner import plan_cost
 
 
 def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
@@ -29,12 +30,12 @@ def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
 
 def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float,
                         spot_slots: int) -> float:
-    """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations`` iterations (all of
-    them if it ran fewer): each the longer of the gpu path (``fitted_s``, plus the rollout
-    where a mode that trains on explored samples had to sample one) and the exploration its
-    plan started on its spot slots (``spot_slots`` per unit of its capacity ratio)."""
-    model = job.get("time_model") or []
-    window_s, per_step, rollout_s = (list(model) + [None, None, None])[:3]
+    """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations``
+    iterations (all of them if it ran fewer): each the longer of the gpu path (``fitted_s``,
+    plus the rollout where a mode that trains on explored samples had to sample one) and the
+    exploration its plan started on its spot slots (``spot_slots`` per unit of its capacity
+    ratio)."""
+    _, per_step, rollout_s = (list(job.get("time_model") or []) + [None, None, None])[:3]
     reuses = bool(objective_settings(mode).get("objective.train_on_explored"))
     slots = (planned_ratio(mode) or 1) * spot_slots
     seconds = []
@@ -45,7 +46,7 @@ def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float
         explore = 0.0
         if it.get("plan") and per_step is not None:
             candidates, steps, prompts = it["plan"]
-            explore = prompts * candidates * steps * per_step / slots
+            explore = plan_cost(prompts, candidates, steps, per_step) / slots
         seconds.append(max(gpu, explore))
     return float(np.mean(seconds)) if seconds else fitted_s
 

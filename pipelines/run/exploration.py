@@ -312,13 +312,10 @@ class Exploration:
     def _window_history(self, before: int, last: int | None = None) -> list[float]:
         """Measured exploration windows of the ``last`` iterations before ``before`` (default:
         the planner's ``train_time_window``); unmeasured ones (resumed stages) are left out."""
-        def task(k: int, stage: str) -> dict | None:
-            record = self.run.log.get(k, stage)
-            return None if record is None else record.task
-
         out = []
         for k in range(max(0, before - (last or self.config.planner.train_time_window)), before):
-            seconds = exploration_window_s(task(k, "rollout"), task(k, "train"),
+            seconds = exploration_window_s(self._recorded_task(k, Stage.ROLLOUT),
+                                           self._recorded_task(k, Stage.TRAIN),
                                            explore_window(self.config, self.run.mode))
             if seconds is not None:
                 out.append(seconds)
@@ -331,11 +328,15 @@ class Exploration:
         if not self.config.objective.train_on_explored:
             return None
         for k in range(before - 1, -1, -1):
-            record = self.run.log.get(k, Stage.ROLLOUT)
-            task = record.task if record is not None else None
+            task = self._recorded_task(k, Stage.ROLLOUT)
             if task and "start" in task and not task.get("explored"):
                 return task["end"] - task["start"]
         return None
+
+    def _recorded_task(self, k: int, stage: str) -> dict | None:
+        """The task record of iteration ``k``'s ``stage`` in the stage log (None if unrecorded)."""
+        record = self.run.log.get(k, stage)
+        return None if record is None else record.task
 
     def _seconds_per_sample_step(self, before: int) -> float | None:
         """Measured spot-seconds per sample per denoising step, from the newest exploration."""
