@@ -92,7 +92,8 @@ def bench_arms(task: str = "ocr", quick: bool = False, config: str | None = None
     harness = Harness(cfg, "vanilla", base_val_reward=0.0)
     result = {"bench": "arms", "task": cfg.world.task, "config": cfg.source, "pool": pool,
               "arms": arms, "lags": lags, "group_size": group,
-              "prompts": cfg.grpo.prompts_per_iteration, "planner_arms":
+              "prompts": cfg.grpo.prompts_per_iteration, "overrides": dict(overrides or {}),
+              "objective": cfg.objective.kind, "planner_arms":
               {"candidates": cfg.planner.candidates, "steps": cfg.planner.steps},
               "probes": [], "machine": machine()}
     try:

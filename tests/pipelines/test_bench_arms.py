@@ -48,8 +48,11 @@ def test_bench_arms_quick_probes_fresh_and_stale_rankings(tiny_yaml, tmp_path,  
     """Through the installed command on a tiny world (the shipped base would be pretrained
     first: minutes). Its rewards are all zero, so no spread or τ is defined there: the figures
     are checked above, this checks what is probed and written."""
-    result, _ = run_quick_bench("arms", ["--config", str(tiny_yaml)], outside_repo,
+    result, _ = run_quick_bench("arms", ["--config", str(tiny_yaml), "--set",
+                                         "objective.kind=nft"], outside_repo,
                                 tmp_path / "arms.json", timeout=540)
+    # The JSON says what the weights were trained with.
+    assert result["objective"] == "nft" and result["overrides"] == {"objective.kind": "nft"}
     assert [p["iteration"] for p in result["probes"]] == [1, 2]
     assert result["arms"] == [6, 8, 12, 16] and result["pool"] == 16
     # Iteration 1 can be ranked one version stale, iteration 2 also two.
