@@ -111,13 +111,14 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     product = by_mode.get(facts.get("product", "spotlight"), {})
     stale_jobs = {m: [saved[f"{m}-seed{s}"] for s in done] for m in modes
                   if seed_mode(m) == "stale"}
+    costs = {m: [t / 3600.0 * hourly_usd(config, m) for t in ts] for m, ts in times.items()}
     result.update({
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
         "unreached": {m: figures[m]["unreached"] for m in modes},
         "seconds_per_iteration": s_per_it,
         "time_to_target_s": times,
-        "cost_to_target_usd": {m: [t / 3600.0 * hourly_usd(config, m) for t in ts]
-                               for m, ts in times.items()},
+        "cost_to_target_usd": costs,
+        "to_target": to_target_medians(its, times, costs),
         "speedup_vs_vanilla": product.get("vs_vanilla"),
         "speedup_vs_sync": product.get("vs_sync"),
         "iteration_speedup_vs_vanilla": product.get("iterations_vs_vanilla"),
@@ -144,6 +145,14 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         result["strict_at_budget"] = strict_at_budget(saved, modes, done, config)
     plot_convergence(result, png)
     return result
+
+
+def to_target_medians(its: dict[str, list], times: dict[str, list],
+                      costs: dict[str, list]) -> dict:
+    """Per mode: the median iterations, seconds and dollars to the target with 90% bootstrap
+    intervals over the seeds (unreached targets censored past the cap, as everywhere here)."""
+    return {m: {"iterations": bootstrap_median(its[m]), "time_s": bootstrap_median(times[m]),
+                "cost_usd": bootstrap_median(costs[m])} for m in times}
 
 
 def strict_at_budget(saved: dict[str, dict], modes: list[str], seeds: list[int],

@@ -106,6 +106,12 @@ def test_summary_figures_by_hand(tmp_path):
     assert with_spot > gpu_only > 0 and hourly_usd(CONFIG, "stale") == with_spot
     assert result["cost_to_target_usd"]["vanilla"][0] == pytest.approx(100 / 3600 * gpu_only)
     assert result["cost_to_target_usd"]["spotlight"][0] == pytest.approx(27.5 / 3600 * with_spot)
+    # Medians to the target with their intervals; vanilla's unreached seed counts past the cap (10 + 5).
+    medians = result["to_target"]["vanilla"]
+    assert medians["time_s"]["median"] == 125.0 and medians["time_s"]["ci90"] == [100.0, 150.0]
+    assert medians["iterations"]["per_seed"] == [10.0, 15.0]
+    assert result["to_target"]["spotlight"]["cost_usd"]["per_seed"] == \
+        pytest.approx(result["cost_to_target_usd"]["spotlight"])
     # Area under the curve: seed 0's vanilla (0.2, 0.25, 0.3 at 0, 5, 10) -> mean 0.25.
     assert result["auc"]["vanilla"]["per_seed"][0] == pytest.approx(0.25)
     assert result["value_at_budget"]["sync"] == [0.35, 0.3]
