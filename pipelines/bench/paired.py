@@ -14,7 +14,9 @@ import json
 import multiprocessing
 import os
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,7 @@ import numpy as np
 
 from pipelines.bench.bench_modes import (objective_settings, planned_ratio, seed_mode,
                                          session_mode)
+from pipelines.cluster.connect import TaskFailedError
 from pipelines.run.harness import Harness, TimeModel
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
@@ -174,30 +177,56 @@ class PairedStore:
         self.loaded[name] = result
 
 
+class BenchWorkerLost(TaskFailedError):
+    """A bench's worker process died under a job (killed from outside: most often the kernel,
+    out of memory); the jobs it finished before are saved."""
+
+
 def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int,
-             on_done: Callable[[], None] = lambda: None) -> None:
+             on_done: Callable[[], None] = lambda: None,
+             runner: Callable[[PairedPlan, Job], dict] = run_job) -> None:
     """Runs the jobs ``store`` lacks, ``workers`` at a time, in order (seed by seed, so a cut
     comes with whole comparisons); saves each as it finishes and calls ``on_done``."""
-    todo = [job for job in jobs if job.name not in store.loaded]
-    if not todo:
-        return
-    context = multiprocessing.get_context("spawn")   # no forked torch or thread state
-    started = time.monotonic()
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context) as pool:
-        pending = {pool.submit(run_job, plan, job): job for job in todo}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+    queue = deque(job for job in jobs if job.name not in store.loaded)
+    todo, started = len(queue), time.monotonic()
+    # A process of its own per job: a worker reused for forty OCR jobs had grown from 2.3 to
+    # 8.8 GiB when the kernel killed it, and torch's import costs seconds against minutes of
+    # job. One single-use pool each, since a pool's max_tasks_per_child can deadlock on 3.11.
+    running: dict = {}   # future -> (job, its pool)
+    try:
+        while queue or running:
+            while queue and len(running) < max(1, workers):
+                job = queue.popleft()
+                pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                running[pool.submit(runner, plan, job)] = (job, pool)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                job = pending.pop(future)
-                result = future.result()
+                job, pool = running.pop(future)
+                pool.shutdown()
+                try:
+                    result = future.result()
+                except BrokenProcessPool as err:
+                    raise worker_lost(job, jobs, store) from err
                 store.save(job.name, result)
                 done_jobs = sum(j.name in store.loaded for j in jobs)
-                left = time_left_s(time.monotonic() - started, len(todo) - len(pending),
-                                   len(pending))
+                left = len(running) + len(queue)
+                eta = time_left_s(time.monotonic() - started, todo - left, left)
                 print(f"{job.name} done in {result['wall_s']:.0f} s "
-                      f"({done_jobs}/{len(jobs)} jobs, about {left / 60:.0f} min left)",
+                      f"({done_jobs}/{len(jobs)} jobs, about {eta / 60:.0f} min left)",
                       flush=True)
                 on_done()
+    finally:
+        for _, pool in running.values():   # the jobs under way finish (as a pool's exit does)
+            pool.shutdown()
+
+
+def worker_lost(job: Job, jobs: list[Job], store: PairedStore) -> BenchWorkerLost:
+    done_jobs = sum(j.name in store.loaded for j in jobs)
+    return BenchWorkerLost(
+        f"the worker process running {job.name} died (killed from outside: most often the "
+        f"kernel, out of memory; `dmesg` says). The {done_jobs} of {len(jobs)} jobs finished "
+        f"are saved in {store.folder}: free memory or pass fewer --workers, then rerun the "
+        "same command with --resume")
 
 
 def time_left_s(elapsed_s: float, finished: int, remaining: int) -> float:
