@@ -193,9 +193,10 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     # 8.8 GiB when the kernel killed it, and torch's import costs seconds against minutes of
     # job. One single-use pool each, since a pool's max_tasks_per_child can deadlock on 3.11.
     running: dict = {}   # future -> (job, its pool)
+    lost: list = []      # a job whose worker died, and the error: no new job starts after it
     try:
-        while queue or running:
-            while queue and len(running) < max(1, workers):
+        while (queue and not lost) or running:
+            while queue and not lost and len(running) < max(1, workers):
                 job = queue.popleft()
                 pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
                 running[pool.submit(runner, plan, job)] = (job, pool)
@@ -206,7 +207,10 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
                 try:
                     result = future.result()
                 except BrokenProcessPool as err:
-                    raise worker_lost(job, jobs, store) from err
+                    print(f"{job.name}: its worker process died; the jobs under way finish and "
+                          "are saved, then the bench stops", flush=True)
+                    lost = lost or [job, err]
+                    continue
                 store.save(job.name, result)
                 done_jobs = sum(j.name in store.loaded for j in jobs)
                 left = len(running) + len(queue)
@@ -218,6 +222,8 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     finally:
         for _, pool in running.values():   # the jobs under way finish (as a pool's exit does)
             pool.shutdown()
+    if lost:
+        raise worker_lost(lost[0], jobs, store) from lost[1]
 
 
 def worker_lost(job: Job, jobs: list[Job], store: PairedStore) -> BenchWorkerLost:

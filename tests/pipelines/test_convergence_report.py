@@ -305,11 +305,15 @@ def test_each_job_runs_in_a_process_of_its_own(tmp_path):
 
 
 def test_a_killed_worker_stops_the_bench_with_what_to_do_and_keeps_the_finished_jobs(tmp_path):
+    """The job beside the killed one finishes and is saved; none starts after it."""
     plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.2)
     store = PairedStore.open(tmp_path, plan, resume=False)
-    jobs = [Job("vanilla", seed) for seed in range(3)]
-    with pytest.raises(BenchWorkerLost, match="running vanilla-seed1 died.*out of memory.*--resume") as err:
-        run_jobs(plan, jobs, store, workers=1, runner=paired_runners.killed_job)
+    jobs = [Job("vanilla", seed) for seed in range(4)]
+    expected = "running vanilla-seed1 died.*out of memory.*--resume"
+    with pytest.raises(BenchWorkerLost, match=expected) as err:
+        run_jobs(plan, jobs, store, workers=2, runner=paired_runners.killed_job)
     assert str(tmp_path) in str(err.value)
-    assert set(PairedStore.open(tmp_path, plan, resume=True).loaded) == {"vanilla-seed0"}
+    saved = set(PairedStore.open(tmp_path, plan, resume=True).loaded)
+    assert {"vanilla-seed0"} <= saved <= {"vanilla-seed0", "vanilla-seed2"}, saved
+    assert "vanilla-seed3" not in saved
     assert _classify(err.value)[0] == EXIT_TASK
