@@ -188,17 +188,18 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     """Runs the jobs ``store`` lacks, ``workers`` at a time, in order (seed by seed, so a cut
     comes with whole comparisons); saves each as it finishes and calls ``on_done``."""
     queue = deque(job for job in jobs if job.name not in store.loaded)
-    todo, started = len(queue), time.monotonic()
+    todo, started, slots = len(queue), time.monotonic(), max(1, workers)
+    context = multiprocessing.get_context("spawn")   # no forked torch or thread state
     # A process of its own per job: a worker reused for forty OCR jobs had grown from 2.3 to
     # 8.8 GiB when the kernel killed it, and torch's import costs seconds against minutes of
     # job. One single-use pool each, since a pool's max_tasks_per_child can deadlock on 3.11.
     running: dict = {}   # future -> (job, its pool)
-    lost: list = []      # a job whose worker died, and the error: no new job starts after it
+    lost: tuple[Job, BaseException] | None = None   # no new job starts after a worker died
     try:
-        while (queue and not lost) or running:
-            while queue and not lost and len(running) < max(1, workers):
+        while (queue and lost is None) or running:
+            while queue and lost is None and len(running) < slots:
                 job = queue.popleft()
-                pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                pool = ProcessPoolExecutor(1, mp_context=context)
                 running[pool.submit(runner, plan, job)] = (job, pool)
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
@@ -209,10 +210,10 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
                 except BrokenProcessPool as err:
                     print(f"{job.name}: its worker process died; the jobs under way finish and "
                           "are saved, then the bench stops", flush=True)
-                    lost = lost or [job, err]
+                    lost = lost or (job, err)
                     continue
                 store.save(job.name, result)
-                done_jobs = sum(j.name in store.loaded for j in jobs)
+                done_jobs = saved_count(jobs, store)
                 left = len(running) + len(queue)
                 eta = time_left_s(time.monotonic() - started, todo - left, left)
                 print(f"{job.name} done in {result['wall_s']:.0f} s "
@@ -222,12 +223,16 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     finally:
         for _, pool in running.values():   # the jobs under way finish (as a pool's exit does)
             pool.shutdown()
-    if lost:
+    if lost is not None:
         raise worker_lost(lost[0], jobs, store) from lost[1]
 
 
+def saved_count(jobs: list[Job], store: PairedStore) -> int:
+    return sum(job.name in store.loaded for job in jobs)
+
+
 def worker_lost(job: Job, jobs: list[Job], store: PairedStore) -> BenchWorkerLost:
-    done_jobs = sum(j.name in store.loaded for j in jobs)
+    done_jobs = saved_count(jobs, store)
     return BenchWorkerLost(
         f"the worker process running {job.name} died (killed from outside: most often the "
         f"kernel, out of memory; `dmesg` says). The {done_jobs} of {len(jobs)} jobs finished "

@@ -12,7 +12,7 @@ def pid_job(plan, job) -> dict:
 
 
 def killed_job(plan, job) -> dict:
-    """The first seed's job dies as the kernel's out-of-memory killer ends a process."""
+    """Seed 1's job dies as a process the kernel's out-of-memory killer ends."""
     if job.seed == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return {"pid": os.getpid(), "wall_s": 0.0}
