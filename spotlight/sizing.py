@@ -1,24 +1,30 @@
 """Size a run before paying for it: memory per worker and time and cost per iteration.
 
-Pure arithmetic on a config, the model's parameter counts and published timings -- nothing is
+Pure arithmetic on a config, the model's parameter counts and measured timings -- nothing is
 loaded or run. Every estimate says how it is computed (``Estimate.how``), so a user can judge
 it; ``spotlight run --dry-run`` prints them.
 
-Timing model (published H100 figures, ``shared/simulator-params.md``): one transformer forward
-of ``n`` image tokens at batch 1 takes ``T1 * (n / 1024) ** 0.79`` seconds with T1 = 58 ms
-(Qwen-Image, 512² at 116 ms per CFG step and 1536² at 663 ms per CFG step give the exponent);
-a batch of ``b`` costs ``b ** 0.58`` times batch 1 (H200: 0.167 s/step at b1, 0.832 at b16). A
-training step (forward + backward) costs three forwards. Other GPUs: scale by ``gpu_speed``.
+Timing model, measured by ``spotlight check-gpu`` on one H200 (2026-11-28, diffusers'
+``QwenImageTransformer2DModel`` at 20.4 B, bf16, eager; ``docs/data/check-gpu-h200-2026-11-28/``):
+one transformer pass over ``b`` images of ``n`` image tokens takes
+``T1 * (n / 1024) ** 0.965 * b`` seconds with T1 = 58.8 ms. The pass is compute-bound already at
+batch 1 for a 20 B model, so it is linear in the batch (measured 0.941 s at 512², b16; the
+published H100 batch-1 figure, 116 ms per CFG step at 512² in vllm-omni, is the same 58 ms per
+image); the token exponent joins the measured 512² and 1280² rollout steps (attention's square
+term shows). A LoRA training step (forward + backward, the frozen weights get no gradient) costs
+2.4 forwards (measured 2.29 at 512², 2.49 at 1280²); full fine-tuning 3, the textbook figure.
+Other GPUs: scale by ``gpu_speed``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-FORWARD_1024_S = 0.058     # H100, batch 1, 1024 image tokens, one pass
-TOKEN_EXPONENT = 0.79      # log(331 ms / 58 ms) / log(9216 / 1024)
-BATCH_EXPONENT = 0.58      # log(0.832 / 0.167) / log(16)
-TRAIN_FORWARDS = 3.0       # forward + backward ~ 3 forwards
+FORWARD_1024_S = 0.0588    # s per image per pass at 1024 tokens: H200 check, 0.941 s / 16 images
+TOKEN_EXPONENT = 0.965     # log(5.518 s / 0.941 s) / log(6400 / 1024): H200 check, b16 rollouts
+BATCH_EXPONENT = 1.0       # compute-bound: 0.941 s at b16 = 16 x the published 58 ms at b1
+TRAIN_FORWARDS = 3.0       # forward + backward of full fine-tuning: the textbook ~3 forwards
+ADAPTER_TRAIN_FORWARDS = 2.4   # LoRA: no weight gradients for frozen weights (H200 check)
 GPU_MEMORY_GIB = 80.0      # an H100's memory: the dry run flags stages that need more
 GIB = 1024 ** 3
 
@@ -114,7 +120,8 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
                                 spot_workers, gpu_speed)
     # Per trained step: forward + backward, a recomputed forward with checkpointing, and the
     # KL reference's forward; each of them twice with true CFG.
-    forwards = TRAIN_FORWARDS + checkpointing + reference
+    adapter = size.trainable < size.transformer
+    forwards = (ADAPTER_TRAIN_FORWARDS if adapter else TRAIN_FORWARDS) + checkpointing + reference
     train_s = (math.ceil(samples / micro_batch) * trained_steps * forwards * passes
                * forward_s(size.image_tokens, micro_batch, gpu_speed) / gpu_workers)
     fwd = f"forward = {FORWARD_1024_S * 1000:.0f} ms x (tokens/1024)^{TOKEN_EXPONENT} x batch^" \

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.gpu.record import PARTS
+from pipelines.gpu.record import PARTS, parse_shapes
 from pipelines.gpu.runner import CheckOptions, parse_parts, run_check
 
 
@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda, cuda:N or cpu (default auto: cuda where there is one)")
     p.add_argument("--sections", default=",".join(PARTS), metavar="P1,P2",
                    help=f"the parts to run, of {','.join(PARTS)} (default: all)")
+    p.add_argument("--shapes", default="", metavar="SIDExBATCH,...",
+                   help="extra shapes for the steps part beyond the configs' (e.g. 1024x4,768x2: "
+                        "the first config's settings at that side, rollout batch and micro-batch "
+                        "BATCH), to check the sizing model away from the points it was fitted on")
     p.add_argument("--timeout-per-part", type=float, default=600.0, metavar="SECONDS",
                    help="a part still running after this long is killed (default 600)")
     p.add_argument("--work-dir", default=None, metavar="DIR",
@@ -55,11 +59,13 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout_per_part <= 0:
         raise ValueError(f"--timeout-per-part {args.timeout_per_part:g}: a number of seconds "
                          "> 0 is expected")
+    shapes = parse_shapes(args.shapes)
     device, size = resolve(args.device, args.size)
     print(f"check-gpu: size {size} on {device}; writing {args.json}", flush=True)
     return run_check(CheckOptions(Path(args.json).resolve(), size, device,
                                   parse_parts(args.sections), args.timeout_per_part,
-                                  Path(args.work_dir).resolve() if args.work_dir else None))
+                                  Path(args.work_dir).resolve() if args.work_dir else None,
+                                  shapes))
 
 
 def main(argv: list[str] | None = None) -> int:

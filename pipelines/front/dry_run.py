@@ -96,7 +96,8 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
               "model.gradient_checkpointing each block's input and one block's internals, x2 "
               "with true CFG; fp32 gradients and two Adam moments of the trainable parameters; "
               "rollout latents of every step kept for the log-probabilities",
-              f"  times assume an H100 (gpu_speed {gpu_speed:g}); cost = workers x wall time x "
+              f"  times as measured by check-gpu on an H200 in bf16 (gpu_speed {gpu_speed:g}; an "
+              f"H100's bf16 compute is the same); cost = workers x wall time x "
               f"price per GPU-hour ({config.cost.prices})"]
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """One part of ``spotlight check-gpu`` in a process of its own (started by :mod:`.runner`):
 
     python -m pipelines.gpu.part steps|pipeline|determinism --json PATH --size S --device D
+        [--shapes 1024x4,768x2]
 
 It writes the environment it runs in (once per check), then its figures as it measures them;
 a failure is written as the part's error, with the last lines of its traceback.
@@ -19,7 +20,7 @@ import torch
 
 from pipelines.gpu.determinism import run_determinism
 from pipelines.gpu.pipeline import run_pipeline
-from pipelines.gpu.record import PARTS, Record
+from pipelines.gpu.record import PARTS, Record, parse_shapes
 from pipelines.gpu.steps import run_steps
 from spotlight.sizing import GIB
 
@@ -47,13 +48,14 @@ def environment(device: str) -> dict:
     return out
 
 
-def run_part(part: str, record: Record, size: str, device: str, folder: Path) -> None:
+def run_part(part: str, record: Record, size: str, device: str, folder: Path,
+             shapes: tuple[str, ...] = ()) -> None:
     if torch.device(device).type == "cpu":
         torch.set_num_threads(1)   # as a CPU worker runs (cluster.threads_per_worker)
     if "environment" not in record.read():
         record.update("environment", environment(device))
     if part == "steps":
-        run_steps(record, size, device)
+        run_steps(record, size, device, shapes)
     elif part == "pipeline":
         run_pipeline(record, device, folder)
     elif part == "determinism":
@@ -69,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("tiny", "real"), required=True)
     parser.add_argument("--device", required=True)
     parser.add_argument("--folder", default=None, help="where the pipeline part's run store goes")
+    parser.add_argument("--shapes", default="", help="the steps part's extra SIDExBATCH shapes")
     args = parser.parse_args(argv)
     record = Record(args.json)
     try:
         with tempfile.TemporaryDirectory(prefix="check-gpu-", dir=args.folder) as folder:
-            run_part(args.part, record, args.size, args.device, Path(folder))
+            run_part(args.part, record, args.size, args.device, Path(folder),
+                     parse_shapes(args.shapes))
     except BaseException as err:  # noqa: BLE001 - every failure goes into the record
         record.merge(f"parts.{args.part}", {
             "error": f"{type(err).__name__}: {err}"[:1000],

@@ -17,6 +17,7 @@ from typing import Any
 
 PARTS = ("steps", "pipeline", "determinism")
 SCALES = {"real": ("512", "1280"), "tiny": ("32", "64")}   # the steps part's resolutions
+SHAPE_BASE = {"real": "512", "tiny": "32"}   # the settings a SIDExBATCH shape starts from
 STEP_KEYS = ("seconds", "predicted_seconds", "seconds_ratio", "peak_gib", "predicted_gib",
              "memory_ratio", "batch", "passes", "image_tokens")
 RUN_KEYS = ("equal", "max_abs_diff_latents", "max_abs_diff_log_probs")
@@ -69,6 +70,19 @@ class Record:
         beside what the part wrote there itself (its error)."""
         self.merge(f"parts.{part}", {"status": status,
                                      "seconds": round(time.time() - started, 2), **info})
+
+
+def parse_shapes(text: str) -> tuple[str, ...]:
+    """``--shapes 1024x4,768x2``: extra (side, batch) shapes for the steps part, each checked."""
+    shapes = tuple(s.strip() for s in text.split(",") if s.strip())
+    for shape in shapes:
+        side, _, batch = shape.partition("x")
+        if not (side.isdigit() and batch.isdigit() and int(side) % 16 == 0 and int(side) > 0
+                and int(batch) >= 2):
+            raise ValueError(f"--shapes {text!r}: {shape!r} is not SIDExBATCH with a side that "
+                             "is a multiple of 16 and a batch of at least 2 (a GRPO group), "
+                             "e.g. 1024x4")
+    return shapes
 
 
 def _plain(value: Any) -> Any:

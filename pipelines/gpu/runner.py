@@ -31,6 +31,7 @@ class CheckOptions:
     parts: tuple[str, ...]
     timeout_per_part_s: float
     work_dir: Path | None = None
+    shapes: tuple[str, ...] = ()   # the steps part's extra SIDExBATCH shapes
 
 
 def parse_parts(text: str) -> tuple[str, ...]:
@@ -46,7 +47,8 @@ def run_check(options: CheckOptions) -> int:
     """Every part in order; 0 when each finished, 1 otherwise (the record says which)."""
     record = Record(options.json)
     record.write({"check": {"size": options.size, "device": options.device,
-                            "parts": list(options.parts), "started_at": _now(),
+                            "parts": list(options.parts), "shapes": list(options.shapes),
+                            "started_at": _now(),
                             "finished_at": None,
                             "timeout_per_part_s": options.timeout_per_part_s}})
     statuses = {}
@@ -71,6 +73,8 @@ def run_part(record: Record, options: CheckOptions, part: str) -> str:
                "--size", options.size, "--device", options.device]
     if options.work_dir is not None:
         command += ["--folder", str(options.work_dir)]
+    if part == "steps" and options.shapes:
+        command += ["--shapes", ",".join(options.shapes)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(PROJECT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     if part == "determinism":

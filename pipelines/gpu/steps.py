@@ -26,7 +26,7 @@ import torch
 from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
 from pipelines.front.dry_run import estimates
-from pipelines.gpu.record import SCALES, STEP_KEYS, Record, ratio
+from pipelines.gpu.record import SCALES, SHAPE_BASE, STEP_KEYS, Record, ratio
 from spotlight.config import PROJECT_ROOT, RunConfig, load_config
 from spotlight.models.base import model_size
 from spotlight.models.prompts import Prompt
@@ -47,8 +47,14 @@ PROMPT = "check-gpu"
 
 
 def scale_config(size: str, scale: str, device: str) -> RunConfig:
-    """The run config a scale is measured with."""
+    """The run config a scale is measured with: a named scale's own, or for a ``SIDExBATCH``
+    shape the first scale's settings at that side, with rollout batch and micro-batch BATCH."""
     overrides = {"model.device": device}
+    if "x" in scale:
+        side, batch = (int(v) for v in scale.split("x"))
+        return scale_config(size, SHAPE_BASE[size], device).with_values({
+            "model.height": side, "model.width": side, "grpo.group_size": batch,
+            "grpo.request_prompts": 1, "grpo.micro_batch": batch})
     if size == "real":
         return load_config(PROJECT_ROOT / "configs" / CONFIGS[scale], overrides)
     side = TINY_SIDE[scale]
@@ -210,10 +216,10 @@ def entry(measured: dict, predicted: tuple[float, float], config: RunConfig, siz
     return {k: out.get(k) for k in STEP_KEYS} | out
 
 
-def run_steps(record: Record, size: str, device: str) -> None:
-    """Build the transformer once, then measure each scale's rollout and training step,
-    writing each figure as soon as it is measured."""
-    scales = SCALES[size]
+def run_steps(record: Record, size: str, device: str, shapes: tuple[str, ...] = ()) -> None:
+    """Build the transformer once, then measure each scale's rollout and training step, and
+    each extra ``SIDExBATCH`` shape's, writing each figure as soon as it is measured."""
+    scales = SCALES[size] + tuple(shapes)
     configs = {scale: scale_config(size, scale, device) for scale in scales}
     sizes = {scale: model_size(configs[scale]) for scale in scales}
     first = configs[scales[0]]

@@ -9,7 +9,10 @@ import pytest
 
 from pipelines.gpu import bundle
 from pipelines.gpu.record import PARTS, Record, expected_keys, missing_keys
+from pipelines.gpu.steps import predictions, scale_config
 from spotlight import main
+from spotlight.config import PROJECT_ROOT
+from spotlight.models.base import model_size
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -82,6 +85,46 @@ def test_the_record_is_rewritten_whole_after_every_figure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]   # no temporary left behind
     assert "steps.1280.train.memory_ratio" in expected_keys("real")
     assert "steps.1280.train.memory_ratio" in missing_keys(record.read(), "real")
+
+
+def test_extra_shapes_are_measured_with_their_side_and_batch_and_bad_ones_are_named(tmp_path,
+                                                                                 capsys):
+    path = tmp_path / "shapes.json"
+    assert main(["check-gpu", "--device", "cpu", "--json", str(path), "--sections", "steps",
+                 "--shapes", "48x2", "--timeout-per-part", "600"]) == 0
+    data = json.loads(path.read_text())
+    assert data["check"]["shapes"] == ["48x2"]
+    for kind in ("rollout", "train"):
+        step = data["steps"]["48x2"][kind]
+        assert step["batch"] == 2 and step["seconds"] > 0 and step["predicted_seconds"] > 0
+    # Image tokens grow with the area: 48² has (48/32)² = 9/4 times 32²'s.
+    assert data["steps"]["48x2"]["rollout"]["image_tokens"] * 4 == \
+        data["steps"]["32"]["rollout"]["image_tokens"] * 9
+    capsys.readouterr()
+    assert main(["check-gpu", "--device", "cpu", "--json", str(tmp_path / "bad.json"),
+                 "--shapes", "1024x4,50x2"]) == 2
+    assert "'50x2' is not SIDExBATCH" in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.parametrize("name", ["steps-fit.json", "steps-validation.json"])
+def test_the_sizing_model_predicts_the_h200_check_within_a_quarter(name):
+    """The stored H200 figures (docs/data) against the sizing model as it is now: the fit's
+    own points and the shapes it was not fitted on (1024x4, 1536x2, 768x8)."""
+    data = json.loads((PROJECT_ROOT / "docs" / "data" / "check-gpu-h200-2026-11-28" / name)
+                      .read_text())
+    checked = 0
+    for scale, kinds in data["steps"].items():
+        if scale == "model":
+            continue
+        config = scale_config("real", scale, "cpu")
+        predicted = predictions(config, model_size(config))
+        for kind, step in kinds.items():
+            seconds, gib = predicted[kind]
+            assert step["seconds"] / seconds == pytest.approx(1.0, abs=0.25), (scale, kind)
+            assert step["peak_gib"] / gib == pytest.approx(1.0, abs=0.25), (scale, kind)
+            checked += 1
+    assert checked == (4 if name == "steps-fit.json" else 10)
 
 
 def test_the_bundle_brings_what_the_gpu_image_lacks_and_nothing_it_has():

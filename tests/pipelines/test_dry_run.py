@@ -1,11 +1,14 @@
 """``spotlight run --dry-run``: the sizing table, computed from the config alone."""
 from __future__ import annotations
 
+import dataclasses
 import re
+
+import pytest
 
 from spotlight import main
 from spotlight.config import PROJECT_ROOT
-from spotlight.sizing import ModelSize, forward_s, inference_memory_gib
+from spotlight.sizing import ModelSize, forward_s, inference_memory_gib, iteration_estimates
 
 
 def test_the_1280_config_is_sized_from_the_published_model(tmp_path, monkeypatch, capsys):
@@ -45,7 +48,10 @@ def test_the_tiny_config_is_sized_from_its_own_components(capsys):
 
 def test_estimates_grow_with_the_work():
     assert forward_s(4096, 1) > forward_s(1024, 1) > 0
-    assert forward_s(1024, 16) < 16 * forward_s(1024, 1)   # batching is sublinear
+    # A 20 B pass is compute-bound from batch 1: sixteen images cost sixteen times one.
+    assert forward_s(1024, 16) == pytest.approx(16 * forward_s(1024, 1))
+    assert forward_s(1024, 1) == pytest.approx(0.0588)
+    assert forward_s(4096, 2) == pytest.approx(0.0588 * 4 ** 0.965 * 2)
     size = ModelSize(transformer=10**9, vae=10**8, text_encoder=10**9, trainable=10**6,
                      weight_bytes=2, hidden=3072, layers=60, latent_channels=64,
                      image_tokens=1024)
@@ -78,3 +84,20 @@ def test_checkpointing_shrinks_training_memory_and_oversized_stages_are_flagged(
     assert re.search(r"^train .*GiB.*> an 80 GiB H100$", capsys.readouterr().out, re.M)
     assert main(["run", "--dry-run", "--config", config]) == 0
     assert "> an 80 GiB H100" not in capsys.readouterr().out   # the shipped config fits
+
+
+def test_a_lora_step_costs_fewer_forwards_than_full_tuning_and_the_dry_run_says_how_many(capsys):
+    common = dict(prompts=1, group=4, steps=1, cfg=False, request_prompts=1, candidates=1,
+                  explore_steps=1, explore_batch=1, micro_batch=4, trained_steps=1,
+                  gpu_workers=1, spot_workers=0, checkpointing=False, reference=False)
+    lora = ModelSize(transformer=10**9, vae=0, text_encoder=0, trainable=10**6, weight_bytes=2,
+                     hidden=64, layers=2, latent_channels=64, image_tokens=1024)
+    full = dataclasses.replace(lora, trainable=lora.transformer)
+    lora_s, full_s = (iteration_estimates(s, **common)[2].seconds for s in (lora, full))
+    # By hand: forward_s(1024, 4) = 4 x 58.8 ms; LoRA 2.4 forwards, full tuning 3.
+    assert lora_s == pytest.approx(2.4 * 4 * 0.0588)
+    assert full_s == pytest.approx(3.0 * 4 * 0.0588)
+    assert main(["run", "--dry-run", "--config",
+                 str(PROJECT_ROOT / "configs" / "qwen-image-1280.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "4.4 forwards" in out and "measured by check-gpu on an H200" in out
