@@ -60,17 +60,19 @@ class WorkloadConfig(Validated):
 
 @dataclass(kw_only=True, frozen=True)
 class TimingConfig(Validated):
-    """Seconds of the work and of the cluster's housekeeping, per GPU (H100)."""
+    """Seconds of the work and of the cluster's housekeeping, per GPU (an H100 or H200: the
+    same bf16 compute). The work's defaults are Qwen-Image at 512² as ``spotlight check-gpu``
+    measured it (``configs/sim/qwen-image-512.yaml`` names each source)."""
 
-    step_s: float = spec(0.116, "Seconds of one denoising step (both CFG passes) of one image "
+    step_s: float = spec(0.118, "Seconds of one denoising step (both CFG passes) of one image "
                                 "on one GPU at the workload's resolution.", range=(1e-6, 3600.0))
-    batch_exponent: float = spec(0.58, "A batch of b images costs b^x times one image.",
+    batch_exponent: float = spec(1.0, "A batch of b images costs b^x times one image.",
                                  range=(0.0, 1.0))
     sp_degree: int = spec(1, "GPUs of one sequence-parallel group (a request runs on a group).",
                           range=(1, 64))
     sp_speedup: float = spec(1.0, "How much faster a group runs a step than one GPU.",
                              range=(0.01, 64.0))
-    train_s_per_image: float = spec(2.0, "GPU-seconds of training per rollout image.",
+    train_s_per_image: float = spec(1.01, "GPU-seconds of training per rollout image.",
                                     range=(0.0, 3600.0))
     weight_sync_s: float = spec(1.0, "Broadcast of new weights to the spot GPUs after training.",
                                 range=(0.0, 3600.0))
