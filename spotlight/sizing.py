@@ -25,6 +25,11 @@ TOKEN_EXPONENT = 0.965     # log(5.518 s / 0.941 s) / log(6400 / 1024): H200 che
 BATCH_EXPONENT = 1.0       # compute-bound: 0.941 s at b16 = 16 x the published 58 ms at b1
 TRAIN_FORWARDS = 3.0       # forward + backward of full fine-tuning: the textbook ~3 forwards
 ADAPTER_TRAIN_FORWARDS = 2.4   # LoRA: no weight gradients for frozen weights (H200 check)
+# Inference holds ~23 bytes-per-weight x tokens x width per image beyond the weights at its
+# peak (attention and MLP intermediates of one block, both CFG passes' outputs): the H200 check,
+# 21.0-23.9 over five shapes from 512² b16 to 1536² b2 (12, a count of the block's tensors,
+# left the 1280² rollout 14% short).
+INFERENCE_ACTIVATIONS = 23
 GPU_MEMORY_GIB = 80.0      # an H100's memory: the dry run flags stages that need more
 GIB = 1024 ** 3
 
@@ -63,7 +68,7 @@ def inference_memory_gib(size: ModelSize, batch: int, steps: int, keep_trajector
     """Weights (transformer + VAE), one block's activations, and the latents held in flight."""
     weights = (size.transformer + size.vae + size.trainable) * size.weight_bytes
     tokens = size.image_tokens + size.text_tokens
-    activations = batch * tokens * size.hidden * size.weight_bytes * 12   # q,k,v,o + 4x MLP, x2
+    activations = batch * tokens * size.hidden * size.weight_bytes * INFERENCE_ACTIVATIONS
     latents = batch * size.image_tokens * size.latent_channels * 4 * (
         steps + 1 if keep_trajectory else 2)
     return (weights + activations + latents) / GIB

@@ -10,7 +10,8 @@ from __future__ import annotations
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.models.base import model_size
-from spotlight.sizing import GPU_MEMORY_GIB, Estimate, best_fitting_arm, iteration_estimates
+from spotlight.sizing import (GPU_MEMORY_GIB, INFERENCE_ACTIVATIONS, Estimate, best_fitting_arm,
+                              iteration_estimates)
 
 
 def estimates(config: RunConfig, size, gpu_speed: float = 1.0,
@@ -91,11 +92,11 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
               plan_line, "", "how:"]
     lines += [f"  {r.stage}: {r.how}" for r in rows]
     lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
-              "activations of one block (12 x batch x tokens x width); training activations of "
-              "every block (16 x micro-batch x tokens x width x layers), or with "
-              "model.gradient_checkpointing each block's input and one block's internals, x2 "
-              "with true CFG; fp32 gradients and two Adam moments of the trainable parameters; "
-              "rollout latents of every step kept for the log-probabilities",
+              f"activations of one block ({INFERENCE_ACTIVATIONS} x batch x tokens x width); "
+              "training activations of every block (16 x micro-batch x tokens x width x "
+              "layers), or with model.gradient_checkpointing each block's input and one "
+              "block's internals, x2 with true CFG; fp32 gradients and two Adam moments of the "
+              "trainable parameters; rollout latents of every step kept for the log-probabilities",
               f"  times as measured by check-gpu on an H200 in bf16 (gpu_speed {gpu_speed:g}; an "
               f"H100's bf16 compute is the same); cost = workers x wall time x "
               f"price per GPU-hour ({config.cost.prices})"]
