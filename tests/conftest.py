@@ -37,8 +37,7 @@ def tiny_config():
     })
 
 
-@pytest.fixture
-def netns() -> None:
+def require_netns() -> None:
     """Network namespaces can be made here. Where they cannot the test skips with the reason
     -- except in CI (SPOTLIGHT_REQUIRE_NETNS=1, set by .ci/run, which runs as root), where
     that is a failure: a skipped partition test proves nothing."""
@@ -54,9 +53,25 @@ def netns() -> None:
 
 
 @pytest.fixture
+def netns() -> None:
+    require_netns()
+
+
+@pytest.fixture
 def testbed(netns):
-    """A multi-host test bed (network namespaces; see ``netns``)."""
+    """A multi-host test bed (network namespaces; see ``require_netns``)."""
     from pipelines.bench.testbed import Testbed
 
+    with Testbed() as bed:
+        yield bed
+
+
+@pytest.fixture(scope="module")
+def module_testbed():
+    """One test bed for a whole module, whose tests then run in file order on it, as the
+    bench commands run their scenarios: a bed and its cluster cost tens of seconds each."""
+    from pipelines.bench.testbed import Testbed
+
+    require_netns()
     with Testbed() as bed:
         yield bed

@@ -1,15 +1,17 @@
 """``spotlight bench faults`` scenarios at test size on the network-namespace test bed: each
 fault injected into a real run across hosts (TLS scheduler, stock workers, S3 host, driver),
-then the run compared with the clean one."""
+then the run compared with the clean one. The scenarios share one bed and one clean run (the
+``bench`` fixture), as the command's do; the installed command's test, first, builds its own."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pipelines.bench import fault_scenarios
 from pipelines.bench.bed_cluster import start_bed_cluster
 from pipelines.bench.fault_scenarios import Bench
 from pipelines.bench.faults import targets_met, write_bench_config
-from tests.pipelines.conftest import run_quick_bench
+from tests.pipelines.conftest import TINY_WORLD, run_quick_bench
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -18,12 +20,38 @@ TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
              "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5}
 
 
-@pytest.fixture
-def bench(testbed, tiny_run_yaml, tmp_path) -> Bench:
-    cluster = start_bed_cluster(testbed, tmp_path / "bed", gpu=1, spot=2,
+def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside_repo):
+    """The installed command builds its own bed (the zombie scenario needs no clean run)."""
+    result, _ = run_quick_bench("faults", ["--scenarios", "zombie"], outside_repo,
+                                tmp_path / "faults.json", timeout=600)
+    assert result["complete"] and result["tls"] and result["targets"] == {"zombie": True}, result
+    assert {"scheduler", "store", "spot-0", "spot-1"} <= set(result["hosts"]), result
+    assert result["scenarios"]["zombie"]["stale_steps_stored"], result
+
+
+@pytest.fixture(scope="module")
+def bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
+    """One bed, one cluster and one clean run for the module; the scenario tests below run on
+    them in the order ``spotlight bench faults`` runs its scenarios (each fault's run has a
+    store of its own; the scheduler's loss comes last, as it moves the scheduler)."""
+    root = tmp_path_factory.mktemp("faults")
+    config = root / "tiny-run.yaml"
+    config.write_text(yaml.safe_dump(TINY_WORLD))
+    cluster = start_bed_cluster(module_testbed, root / "bed", gpu=1, spot=2,
                                 spare=("driver-2", "scheduler-2"))
-    return Bench(testbed, cluster, write_bench_config(tmp_path, str(tiny_run_yaml), False,
-                                                      TEST_SIZE), 2, tmp_path)
+    bench = Bench(module_testbed, cluster,
+                  write_bench_config(root, str(config), False, TEST_SIZE), 2, root)
+    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
+    return bench
+
+
+def test_a_partition_and_a_second_driver_lose_nothing_and_mix_nothing(bench):
+    found = {"partition": fault_scenarios.partition(bench, heal_after_s=20.0),
+             "dual_driver": fault_scenarios.dual_driver(bench)}
+    assert found["partition"]["moved_requests"] >= 1, found
+    assert found["dual_driver"]["refused_exit"] == 3 and found["dual_driver"]["first_exit"] == 6, \
+        found
+    assert targets_met(found) == {"partition": True, "dual_driver": True}, found
 
 
 def test_two_attempts_on_two_hosts_with_different_kernels_never_mix(bench):
@@ -36,18 +64,7 @@ def test_two_attempts_on_two_hosts_with_different_kernels_never_mix(bench):
     assert "fenced" in found["stale_attempt"], found
 
 
-def test_a_partition_and_a_second_driver_lose_nothing_and_mix_nothing(bench):
-    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
-    found = {"partition": fault_scenarios.partition(bench, heal_after_s=20.0),
-             "dual_driver": fault_scenarios.dual_driver(bench)}
-    assert found["partition"]["moved_requests"] >= 1, found
-    assert found["dual_driver"]["refused_exit"] == 3 and found["dual_driver"]["first_exit"] == 6, \
-        found
-    assert targets_met(found) == {"partition": True, "dual_driver": True}, found
-
-
 def test_a_store_outage_within_the_patience_costs_a_pause(bench):
-    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
     found = fault_scenarios.store_outage(bench, outage_s=15.0)
     assert targets_met({"store_outage": found}) == {"store_outage": True}, found
     assert found["detect_s"] is not None and found["recover_s"] is not None, found
@@ -57,18 +74,8 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
     """The driver is SIGKILLed: once its lease expires a driver on another host takes over.
     The scheduler is killed: the driver stops in one line, and the run resumes on a new
     scheduler on another host. Both end identical to the clean run."""
-    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
     found = {"driver_loss": fault_scenarios.driver_loss(bench),
              "scheduler_loss": fault_scenarios.scheduler_loss(bench)}
     assert found["scheduler_loss"]["driver_exit"] == 4, found
     assert "stopped answering" in found["scheduler_loss"]["driver_error"], found
     assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found
-
-
-def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside_repo):
-    """The installed command builds its own bed (the zombie scenario needs no clean run)."""
-    result, _ = run_quick_bench("faults", ["--scenarios", "zombie"], outside_repo,
-                                tmp_path / "faults.json", timeout=600)
-    assert result["complete"] and result["tls"] and result["targets"] == {"zombie": True}, result
-    assert {"scheduler", "store", "spot-0", "spot-1"} <= set(result["hosts"]), result
-    assert result["scenarios"]["zombie"]["stale_steps_stored"], result
