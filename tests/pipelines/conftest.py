@@ -43,6 +43,13 @@ TINY_RUN = {
 TINY_WORLD = {**TINY_RUN, "reward": {"name": "ocr-dense"}}
 
 
+def write_tiny_world(folder: Path) -> Path:
+    """The tiny world's run config as a file in ``folder`` (what ``spotlight run`` reads)."""
+    path = folder / "tiny-run.yaml"
+    path.write_text(yaml.safe_dump(TINY_WORLD))
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_world_learns(tmp_path_factory) -> None:
     """The tiny world is not flat: one iteration of it (in process) gives every group rewards
@@ -54,8 +61,7 @@ def tiny_world_learns(tmp_path_factory) -> None:
     from pipelines.run.harness import Harness
     from pipelines.run.tasks import stage_name
 
-    path = tmp_path_factory.mktemp("tiny-world") / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_WORLD))
+    path = write_tiny_world(tmp_path_factory.mktemp("tiny-world"))
     harness = Harness(load_config(path), "vanilla", base_val_reward=0.0)
     try:
         harness.run_iterations(1)
@@ -73,9 +79,7 @@ def tiny_world_learns(tmp_path_factory) -> None:
 
 @pytest.fixture
 def tiny_run_yaml(tmp_path, tiny_world_learns):
-    path = tmp_path / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_WORLD))
-    return path
+    return write_tiny_world(tmp_path)
 
 
 @pytest.fixture

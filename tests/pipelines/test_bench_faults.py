@@ -5,13 +5,12 @@ then the run compared with the clean one. The scenarios share one bed and one cl
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from pipelines.bench import fault_scenarios
 from pipelines.bench.bed_cluster import start_bed_cluster
 from pipelines.bench.fault_scenarios import Bench
 from pipelines.bench.faults import targets_met, write_bench_config
-from tests.pipelines.conftest import TINY_WORLD, run_quick_bench
+from tests.pipelines.conftest import run_quick_bench, write_tiny_world
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -35,8 +34,7 @@ def bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
     them in the order ``spotlight bench faults`` runs its scenarios (each fault's run has a
     store of its own; the scheduler's loss comes last, as it moves the scheduler)."""
     root = tmp_path_factory.mktemp("faults")
-    config = root / "tiny-run.yaml"
-    config.write_text(yaml.safe_dump(TINY_WORLD))
+    config = write_tiny_world(root)
     cluster = start_bed_cluster(module_testbed, root / "bed", gpu=1, spot=2,
                                 spare=("driver-2", "scheduler-2"))
     bench = Bench(module_testbed, cluster,
