@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from PIL import Image
 
 from pipelines.front.html_report import render_page, write_report
@@ -26,7 +25,7 @@ from pipelines.observe.run_view import RunView
 from spotlight import main
 from spotlight.config import load_config
 from storage import RunStore
-from tests.pipelines.conftest import TINY_WORLD
+from tests.pipelines.conftest import write_tiny_world
 from tests.storage.conftest import BUCKET, TEST_KEY, TEST_SECRET
 from tests.storage.conftest import _s3_environment, moto_s3  # noqa: F401 - fixtures used here
 
@@ -106,8 +105,7 @@ def tiny_run(tmp_path_factory) -> TinyRun:
     the run (when iteration 1 starts training), and one preemption event (an injector kill
     of the spot worker mid-run, as the injector records it)."""
     folder = tmp_path_factory.mktemp("report-run")
-    path = folder / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_WORLD))
+    path = write_tiny_world(folder)
     url, mid = str(folder / "run"), folder / "mid-run.html"
     seen: dict = {}
 

@@ -21,13 +21,9 @@ SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_pr
 
 @pytest.fixture(scope="module")
 def run_yaml(tmp_path_factory, tiny_world_learns):
-    import yaml
+    from tests.pipelines.conftest import write_tiny_world
 
-    from tests.pipelines.conftest import TINY_WORLD
-
-    path = tmp_path_factory.mktemp("sp-runs") / "tiny-run.yaml"
-    path.write_text(yaml.safe_dump(TINY_WORLD))
-    return path
+    return write_tiny_world(tmp_path_factory.mktemp("sp-runs"))
 
 
 @pytest.fixture(scope="module")

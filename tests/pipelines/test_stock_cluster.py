@@ -13,10 +13,9 @@ import time
 
 import psutil
 import pytest
-import yaml
 
 from pipelines.bench.testbed import kill as kill_tree
-from tests.pipelines.conftest import TINY_WORLD, run_quick_bench
+from tests.pipelines.conftest import run_quick_bench
 
 pytestmark = pytest.mark.timeout(420)
 CLI = [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))"]
@@ -26,13 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def tiny_yaml(tmp_path, tiny_world_learns):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(TINY_WORLD))
-    return path
 
 
 @pytest.fixture
@@ -71,10 +63,10 @@ def _wait_for_stage(store, stage: str, proc: subprocess.Popen, limit_s: float = 
     raise AssertionError(f"stage {stage} never appeared")
 
 
-def test_stock_workers_run_an_iteration(stock_cluster, tiny_yaml, tmp_path):
+def test_stock_workers_run_an_iteration(stock_cluster, tiny_run_yaml, tmp_path):
     address, _, folder = stock_cluster
     store = tmp_path / "run"
-    done = subprocess.run(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "2",
+    done = subprocess.run(CLI + ["run", "--config", str(tiny_run_yaml), "--iterations", "2",
                                  "--scheduler", address, "--store", str(store)],
                           capture_output=True, text=True, timeout=360, cwd=folder)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -91,11 +83,11 @@ def test_stock_workers_run_an_iteration(stock_cluster, tiny_yaml, tmp_path):
     assert workers["rollout"] != workers["explore"]   # gpu and spot workers, by resource
 
 
-def test_killing_every_worker_ends_the_run_with_one_clear_line(stock_cluster, tiny_yaml,
+def test_killing_every_worker_ends_the_run_with_one_clear_line(stock_cluster, tiny_run_yaml,
                                                                 tmp_path):
     address, workers, folder = stock_cluster
     store = tmp_path / "run"
-    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "4",
+    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_run_yaml), "--iterations", "4",
                                    "--scheduler", address, "--store", str(store),
                                    "--set", "cluster.worker_wait_s=10"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
@@ -127,9 +119,9 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def test_ctrl_c_stops_the_run_and_resume_finishes_it(tiny_yaml, tmp_path):
+def test_ctrl_c_stops_the_run_and_resume_finishes_it(tiny_run_yaml, tmp_path):
     store = tmp_path / "run"
-    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "3",
+    proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_run_yaml), "--iterations", "3",
                                    "--store", str(store)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, start_new_session=True)
@@ -186,9 +178,9 @@ def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):
     assert {ip for ip, _ in seen} == {"127.0.0.1"}, seen
 
 
-def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(tiny_yaml, tmp_path,
-                                                                               outside_repo):
-    result, _ = run_quick_bench("stock-workers", ["--config", str(tiny_yaml)], outside_repo,
+def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(
+        tiny_run_yaml, tmp_path, outside_repo):
+    result, _ = run_quick_bench("stock-workers", ["--config", str(tiny_run_yaml)], outside_repo,
                                 tmp_path / "stock.json", timeout=400)
     for key in ("embedded_s_per_iteration", "stock_s_per_iteration", "stock_over_embedded",
                 "identical_rewards", "machine", "wall_s"):
@@ -198,7 +190,7 @@ def test_bench_stock_workers_quick_computes_what_the_embedded_cluster_computes(t
 
 
 def test_a_lost_scheduler_stops_the_run_clearly_and_a_new_one_finishes_it_identically(
-        tiny_yaml, tmp_path):
+        tiny_run_yaml, tmp_path):
     """The scheduler's host dies mid-run (its process and its workers SIGKILLed): the driver
     says so in one line (exit 4). A new scheduler with new workers, and `--resume --scheduler
     NEW` finishes the run with the weights and rewards of an uninterrupted one."""
@@ -227,12 +219,12 @@ def test_a_lost_scheduler_stops_the_run_clearly_and_a_new_one_finishes_it_identi
 
     try:
         first, first_procs = cluster()
-        clean = subprocess.run(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "2",
+        clean = subprocess.run(CLI + ["run", "--config", str(tiny_run_yaml), "--iterations", "2",
                                       "--scheduler", first, "--store", str(tmp_path / "clean")],
                                capture_output=True, text=True, timeout=360, cwd=folder)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         store = tmp_path / "run"
-        proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_yaml), "--iterations", "2",
+        proc = subprocess.Popen(CLI + ["run", "--config", str(tiny_run_yaml), "--iterations", "2",
                                        "--scheduler", first, "--store", str(store)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=folder)
