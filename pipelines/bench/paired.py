@@ -161,10 +161,7 @@ class PairedStore:
         for path in saved:
             data = json.loads(path.read_text())
             if data.get("fingerprint") != store.fingerprint:
-                raise ValueError(f"{path} was measured with other settings (config, iterations "
-                                 "or validation) than this bench's, or saved by a Spotlight "
-                                 "whose mode names differ: resume with the same command, or "
-                                 "move the folder away to start over")
+                raise ValueError(refusal(path, data.get("result") or {}, plan))
             store.loaded[path.stem] = data["result"]
         return store
 
@@ -175,6 +172,22 @@ class PairedStore:
                                   default=float))
         os.replace(tmp, path)
         self.loaded[name] = result
+
+
+def refusal(path: Path, saved: dict, plan: PairedPlan) -> str:
+    """Why a saved part is not this bench's, and what to do. A base that validates otherwise is
+    named apart: the same command on another machine pretrains another base (the float
+    arithmetic of 8000 steps differs across CPUs), and its targets are not the saved ones."""
+    base = saved.get("base_val_reward")
+    if base is not None and abs(float(base) - plan.base_val_reward) > 1e-12:
+        return (f"{path} was measured from a base model that validates at {float(base):.4f}, "
+                f"and this bench's base validates at {plan.base_val_reward:.4f}: the base was "
+                "pretrained again (another machine's CPU, or an emptied SPOTLIGHT_CACHE). "
+                "Point SPOTLIGHT_CACHE at the cache that built the saved base to resume, or run "
+                "the seeds left as a new bench (--set seed=N, another --json) and pool them")
+    return (f"{path} was measured with other settings (config, iterations or validation) than "
+            "this bench's, or saved by a Spotlight whose mode names differ: resume with the "
+            "same command, or move the folder away to start over")
 
 
 class BenchWorkerLost(TaskFailedError):

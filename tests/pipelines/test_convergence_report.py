@@ -163,6 +163,20 @@ def test_the_job_store_resumes_only_its_own_bench(tmp_path):
     assert json.loads((tmp_path / "vanilla-seed0.json").read_text())["result"] == {"x": 1}
 
 
+def test_a_part_from_another_base_is_refused_with_both_bases_named(tmp_path):
+    """The same command on another CPU pretrains a base that validates otherwise: the refusal
+    names both values and how to go on, and leaves the saved part as it was."""
+    plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.251)
+    saved = {"base_val_reward": 0.251}
+    PairedStore.open(tmp_path, plan, resume=False).save("vanilla-seed0", saved)
+    before = (tmp_path / "vanilla-seed0.json").read_bytes()
+    elsewhere = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.261)
+    with pytest.raises(ValueError, match=r"at 0\.2510.*at 0\.2610.*SPOTLIGHT_CACHE"):
+        PairedStore.open(tmp_path, elsewhere, resume=True)
+    assert (tmp_path / "vanilla-seed0.json").read_bytes() == before
+    assert PairedStore.open(tmp_path, plan, resume=True).loaded["vanilla-seed0"] == saved
+
+
 def test_parts_saved_under_the_old_mode_names_are_refused_not_misread(tmp_path, monkeypatch):
     """Before the rename a 'spotlight' part was the fixed-arm stale mode: read today it would
     pass for the planner's run."""
