@@ -88,6 +88,12 @@ def test_one_request_hard_killed_twice_resumes_each_time_and_equals_a_clean_one(
     np.testing.assert_array_equal(chaos, np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))
     assert len(run.latents.commit_record(stage, REQUEST)["resumes"]) == 2
     assert out.record["resumed_from"] > 0
+    # The simulator's dispatcher, fed the events this live pool recorded (joins, kills,
+    # progress, results), makes the same three assignments of the request the pool made.
+    assigned = [{k: e[k] for k in ("request", "attempt", "worker", "resume_step")}
+                for e in pool.log if e["kind"] == "assigned"]
+    assert [a["attempt"] for a in assigned] == [1, 2, 3], story
+    assert replay_decisions(pool.events) == assigned
 
 
 def _holder(pool: RequestPool, exclude: list[str]) -> str | None:
@@ -208,13 +214,13 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
     for k in (1,):   # every planned candidate was explored, however often workers died
         info = b.stage_record(f"iter-{k}/explore")["info"]
         assert info["explored"] == info["planned"] and info["requests_cancelled"] == 0
-    # The simulator's dispatcher, fed the event sequence this live pool recorded (joins, kills,
-    # notices, progress, results), makes the same assignments the live pool made.
+    # The simulator's dispatcher, fed the event sequence this live pool recorded, makes the
+    # same assignments. Whether a trace's kill finds its worker busy depends on the machine's
+    # speed (on one no explore request moved); the test above moves one for certain.
     live = b.get_json(tasks.stage_name(1, "explore"), "candidates")["dispatch"]
     assigned = [{k: e[k] for k in ("request", "attempt", "worker", "resume_step")}
                 for e in live["log"] if e["kind"] == "assigned"]
-    assert len(assigned) > len({a["request"] for a in assigned})   # some request moved
-    assert replay_decisions(live["events"]) == assigned
+    assert assigned and replay_decisions(live["events"]) == assigned
 
 
 def test_a_trace_that_removes_every_spot_worker_says_so_and_falls_back_to_random_seeds(
