@@ -158,10 +158,10 @@ class PairedStore:
         if saved and not resume:
             raise ValueError(f"{folder} holds {len(saved)} results of an earlier bench: pass "
                              "--resume to continue it, or move the folder away to start over")
-        for path in saved:
-            data = json.loads(path.read_text())
+        parts = {path: json.loads(path.read_text()) for path in saved}
+        for path, data in parts.items():
             if data.get("fingerprint") != store.fingerprint:
-                raise ValueError(refusal(path, data.get("result") or {}, plan))
+                raise ValueError(refusal(path, saved_base(parts.values()), plan))
             store.loaded[path.stem] = data["result"]
         return store
 
@@ -174,13 +174,18 @@ class PairedStore:
         self.loaded[name] = result
 
 
-def refusal(path: Path, saved: dict, plan: PairedPlan) -> str:
+def saved_base(parts) -> float | None:
+    """The base validation the saved harness parts started from (cluster parts keep none)."""
+    return next((float(data["result"]["base_val_reward"]) for data in parts
+                 if "base_val_reward" in (data.get("result") or {})), None)
+
+
+def refusal(path: Path, base: float | None, plan: PairedPlan) -> str:
     """Why a saved part is not this bench's, and what to do. A base that validates otherwise is
     named apart: the same command on another machine pretrains another base (the float
     arithmetic of 8000 steps differs across CPUs), and its targets are not the saved ones."""
-    base = saved.get("base_val_reward")
-    if base is not None and abs(float(base) - plan.base_val_reward) > 1e-12:
-        return (f"{path} was measured from a base model that validates at {float(base):.4f}, "
+    if base is not None and abs(base - plan.base_val_reward) > 1e-12:
+        return (f"{path} was measured from a base model that validates at {base:.4f}, "
                 f"and this bench's base validates at {plan.base_val_reward:.4f}: the base was "
                 "pretrained again (another machine's CPU, or an emptied SPOTLIGHT_CACHE). "
                 "Point SPOTLIGHT_CACHE at the cache that built the saved base to resume, or run "

@@ -168,7 +168,9 @@ def test_a_part_from_another_base_is_refused_with_both_bases_named(tmp_path):
     names both values and how to go on, and leaves the saved part as it was."""
     plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.251)
     saved = {"base_val_reward": 0.251}
-    PairedStore.open(tmp_path, plan, resume=False).save("vanilla-seed0", saved)
+    store = PairedStore.open(tmp_path, plan, resume=False)
+    store.save("cluster-vanilla-seed0", {"wall_s": 1.0})   # read first, and keeps no base
+    store.save("vanilla-seed0", saved)
     before = (tmp_path / "vanilla-seed0.json").read_bytes()
     elsewhere = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.261)
     with pytest.raises(ValueError, match=r"at 0\.2510.*at 0\.2610.*SPOTLIGHT_CACHE"):

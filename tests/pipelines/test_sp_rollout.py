@@ -12,6 +12,7 @@ import pytest
 from pipelines.front.session import Session
 from pipelines.run.rollout_store import read_rollout
 from spotlight.config import load_config
+from tests.pipelines.conftest import write_tiny_world
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -21,8 +22,6 @@ SP = {"model.num_attention_heads": 2, "cluster.gpu_workers": 2, "grpo.request_pr
 
 @pytest.fixture(scope="module")
 def run_yaml(tmp_path_factory, tiny_world_learns):
-    from tests.pipelines.conftest import write_tiny_world
-
     return write_tiny_world(tmp_path_factory.mktemp("sp-runs"))
 
 
