@@ -21,7 +21,7 @@ import torch
 
 from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.registry import machine, register_bench, write_result
-from pipelines.run.harness import Harness
+from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config
 from spotlight.exploration import core
 from spotlight.exploration.fidelity import grouped_kendall_tau
@@ -52,7 +52,7 @@ def random_spread(fresh: core.PerPrompt, group: int) -> float:
                           for i in range(0, len(r) - group + 1, group)]))
 
 
-def probe(harness: Harness, k: int, pool: int, arms: list[int], lags: list[int]) -> dict:
+def probe(harness: InProcessRun, k: int, pool: int, arms: list[int], lags: list[int]) -> dict:
     """One probe iteration: τ per lag over the pool, and per arm the spread gain of fresh and
     of each lag's stale ranking over random groups."""
     cfg, group = harness.config, harness.config.grpo.group_size
@@ -89,7 +89,7 @@ def bench_arms(task: str = "ocr", quick: bool = False, config: str | None = None
     every = 1 if quick else 4
     last = iterations or (2 if quick else 16)
     started = time.monotonic()
-    harness = Harness(cfg, "vanilla", base_val_reward=0.0)
+    harness = InProcessRun(cfg, "vanilla", base_val_reward=0.0)
     result = {"bench": "arms", "task": cfg.world.task, "config": cfg.source, "pool": pool,
               "arms": arms, "lags": lags, "group_size": group,
               "prompts": cfg.grpo.prompts_per_iteration, "overrides": dict(overrides or {}),

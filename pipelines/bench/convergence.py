@@ -4,7 +4,7 @@ by how much, over paired seeds with intervals.
 Two measurements, joined:
 1. *Iteration efficiency*, many seeds: every mode runs under the same K run seeds (same base
    model, prompts and validation seeds) in the in-process harness, which computes the
-   cluster's numbers bit for bit (``pipelines/run/harness.py``), two jobs at a time, until it
+   cluster's numbers bit for bit (``pipelines/run/inprocess.py``), two jobs at a time, until it
    has both run the fixed budget (where the area under the curve and the value at the budget
    are read) and reached the target, or for at most ``--iterations``. Each job is saved when it
    ends; ``--resume`` continues a cut-off bench.

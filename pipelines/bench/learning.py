@@ -1,4 +1,5 @@
-"""``spotlight bench learning``: does single-process Flow-GRPO measurably learn on the digits world?
+"""``spotlight bench learning``: does Flow-GRPO (vanilla, in process) measurably learn on the digits
+world?
 
 It runs a fixed number of iterations (per task, or ``--iterations``), not a wall budget: the
 run is seeded end to end, so its verdict is the same on a fast machine and a slow one; only the
@@ -35,37 +36,45 @@ def bench_learning(task: str = "ocr", quick: bool = False, config: str | None = 
                           "validation.max_prompts": 8, "validation.every": 1})
     cfg = load_config(config or TASK_CONFIGS[task], overrides)
     started = time.monotonic()
-    run = InProcessRun(cfg, progress=progress)
+    run = InProcessRun(cfg, "vanilla", progress=progress)
     setup_s = time.monotonic() - started
+    walls = {0: 0.0}
 
-    def report(stats, val):
+    def report(it):
+        walls[it.iteration + 1] = time.monotonic() - started - setup_s
         if progress:
-            extra = f" val={val:.3f}" if val is not None else ""
-            print(f"iter {stats.iteration:3d} reward={stats.reward_mean:.3f} "
-                  f"group_std={stats.group_reward_std:.3f} dropped={stats.zero_std_groups}"
-                  f" {stats.seconds['rollout'] + stats.seconds['train']:.1f}s{extra}", flush=True)
+            extra = f" val={it.val_reward:.3f}" if it.val_reward is not None else ""
+            print(f"iter {it.iteration:3d} reward={it.rollout_reward:.3f} "
+                  f"group_std={it.group_std:.3f} dropped={it.zero_std_groups}"
+                  f" {it.wall_s:.1f}s{extra}", flush=True)
 
     iterations = iterations or (3 if quick else TASK_ITERATIONS.get(task, 50))
-    history = run.run(iterations, on_iteration=report)
+    try:
+        history = run.run_iterations(iterations, report=report)
+        validation, reward_fn = run.last_validation, run.reward_fn
+    finally:
+        run.close()
     its = history.iterations
-    groups = sum(s.groups for s in its) or 1
+    curve = [{"iteration": k, "wall_s": walls[k], "val_reward": v}
+             for k, v in history.val_curve()]
+    groups = len(its) * cfg.grpo.prompts_per_iteration or 1
     return {
         "bench": "learning",
         "task": cfg.world.task,
         "config": cfg.source,
-        "base_val_reward": history.val_curve[0]["val_reward"],
-        "final_val_reward": history.val_curve[-1]["val_reward"],
-        "improvement": history.val_curve[-1]["val_reward"] - history.val_curve[0]["val_reward"],
-        "val_curve": history.val_curve,
+        "base_val_reward": curve[0]["val_reward"],
+        "final_val_reward": curve[-1]["val_reward"],
+        "improvement": curve[-1]["val_reward"] - curve[0]["val_reward"],
+        "val_curve": curve,
         "iterations": len(its),
-        "wall_s": history.val_curve[-1]["wall_s"],
+        "wall_s": curve[-1]["wall_s"],
         "setup_s": setup_s,
         "iterations_asked": iterations,
-        "recognizer_accuracy": run.reward_fn.recognizer_accuracy,
-        "zero_std_group_fraction": sum(s.zero_std_groups for s in its) / groups,
-        "group_reward_std_mean": sum(s.group_reward_std for s in its) / max(len(its), 1),
-        "train_reward_curve": [s.reward_mean for s in its],
-        **(strict_scores(run.last_validation.rewards, run.last_validation.prompts)
+        "recognizer_accuracy": reward_fn.recognizer_accuracy,
+        "zero_std_group_fraction": sum(it.zero_std_groups for it in its) / groups,
+        "group_reward_std_mean": sum(it.group_std for it in its) / max(len(its), 1),
+        "train_reward_curve": [it.rollout_reward for it in its],
+        **(strict_scores(validation["rewards"], validation["prompts"])
            if cfg.world.task == "geneval" else {}),
         "machine": machine(),
     }

@@ -1,8 +1,8 @@
 """``spotlight bench overhead``: what the Dask pipeline costs over the same work in one process.
 
 Three runs from the same base model and seeds, each streaming latents and saving checkpoints:
-1. in-process: the pipeline's own task functions called in sequence (no Dask), one torch thread
-   like a worker;
+1. in-process: the iteration program's in-process executor (the workers' task functions called
+   in order, no Dask), one torch thread like a worker;
 2. ``vanilla`` on the embedded cluster (1 gpu + 1 spot worker): the same iterations as futures;
 3. ``spotlight`` on the same cluster: the rollout pulled by both workers, stale-weight
    exploration on the spot worker while the gpu worker trains;
@@ -22,46 +22,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.cluster.runtime import reset_runtime
-from pipelines.run import tasks
-from pipelines.run.rollout import rollout_task
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.front.session import Session
+from pipelines.run.inprocess import InProcessRun
 from pipelines.front.timeline import (CRITICAL_STAGES, idle_share, overlap_fraction,
                                       plot_timeline, stage_spans)
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.base import base_policy
-from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward
-from spotlight.rl.trainer import iteration_prompts, random_seeds
-from storage import RunStore
 
 MODES = ("vanilla", "spotlight", "rlboost")
 
 
-def inprocess_iterations(config: RunConfig, store: RunStore, iterations: int) -> list[float]:
-    """The pipeline's tasks called in order in this process; wall seconds per iteration."""
-    base = base_policy(config, progress=False)
-    store.save_checkpoint(0, base.state_dict(), None)
-    train, val = world_prompts(config, "train"), world_prompts(config, "val")
-    grpo = config.grpo
-    tasks.validation_task(config, store, 0, val, 0)
-    walls = []
-    for k in range(iterations):
-        start = time.time()
-        prompts = iteration_prompts(train, k, grpo.prompts_per_iteration, config.seed)
-        seeds = random_seeds(config.seed, k, len(prompts), grpo.group_size)
-        rollout = rollout_task(config, store, tasks.RolloutRequest(k, prompts, seeds, k))
-        reward = tasks.reward_task(config, store, rollout, prompts, grpo.group_size, k)
-        adv = tasks.advantages_task(config, k, reward["rewards"], k)
-        trained = tasks.train_task(config, store, rollout,
-                                   tasks.TrainRequest(k, prompts, reward["rewards"], adv, k))
-        store.commit_checkpoint(tasks.checkpoint_task(config, store, trained, k, k)["checkpoint"])
-        if (k + 1) % config.validation.every == 0 or k + 1 == iterations:
-            tasks.validation_task(config, store, k + 1, val, k + 1)
-        walls.append(time.time() - start)
-    reset_runtime()
-    return walls
+def inprocess_iterations(config: RunConfig, url: str, iterations: int) -> list[float]:
+    """The iteration program run in this process (vanilla, streaming latents and saving
+    checkpoints like a cluster run); wall seconds per iteration."""
+    run = InProcessRun(config, "vanilla", store=url, stream_latents=True)
+    try:
+        return [it.wall_s for it in run.run_iterations(iterations).iterations]
+    finally:
+        run.close()
 
 
 def _session_run(config: RunConfig, mode: str, url: str,
@@ -101,7 +81,7 @@ def bench_overhead(quick: bool = False, config: str | None = None, iterations: i
         for run in ("inprocess", *MODES)[:: 1 if r % 2 == 0 else -1]:
             url = str(root / f"{run}-{r}")
             if run == "inprocess":
-                runs.inprocess += inprocess_iterations(cfg, RunStore.open(url), iterations)
+                runs.inprocess += inprocess_iterations(cfg, url, iterations)
             else:
                 runs.add(run, *_session_run(cfg, run, url, iterations))
         if r == 0:

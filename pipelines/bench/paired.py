@@ -2,7 +2,7 @@
 processes (one torch thread each, like a worker) and saved as it finishes, so a bench cut off
 part-way continues with ``--resume`` from the jobs it has.
 
-A job is one :class:`~pipelines.run.harness.Harness` run from the cached base model, validated
+A job is one :class:`~pipelines.run.inprocess.InProcessRun` run from the cached base model, validated
 every ``every`` iterations on the fixed validation set, until it has reached the target and run
 the fixed budget, or for at most ``iterations``. Its numbers are the cluster's (the harness
 computes them bit for bit), so what differs between modes here is only what they learn per
@@ -26,7 +26,8 @@ import numpy as np
 from pipelines.bench.bench_modes import (objective_settings, planned_ratio, seed_mode,
                                          session_mode)
 from pipelines.cluster.connect import TaskFailedError
-from pipelines.run.harness import Harness, TimeModel
+from pipelines.run.inprocess import InProcessRun
+from spotlight.iteration import TimeModel
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
 from spotlight.staging import file_sha256
@@ -114,7 +115,7 @@ def run_job(plan: PairedPlan, job: Job) -> dict:
         model = TimeModel(window_s, sec_per_sample_step,
                           ratio * config.cluster.spot_workers * config.cluster.threads_per_worker,
                           rollout_s[0] if rollout_s else None)
-    harness = Harness(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
+    harness = InProcessRun(config, mode, base_val_reward=plan.base_val_reward, time_model=model)
 
     at_budget: list = []   # the validation rewards per prompt and seed at the budget
 

@@ -3,7 +3,7 @@
 Stages and backends do not take the driver; they take a :class:`StageContext` -- the run's
 config and store, the cluster, the stage log, a way to submit a task and wait for its result --
 and the driver is one. State that outlives an iteration (an SP rollout's executor groups, the
-data-parallel training communicator) lives in one named place, :class:`Standing`, formed on
+data-parallel training communicator) lives in one named place, :class:`CarriedOver`, formed on
 first use and kept for the next iteration.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from storage import RunStore
 
 
 @dataclass
-class Standing:
+class CarriedOver:
     """What a run keeps formed from one iteration to the next."""
 
     sp_groups: SPGroups | None = None               # the SP rollout's executor groups
@@ -40,7 +40,7 @@ class RunContext(Protocol):
     cluster: ClusterHandle
     mode: str
     log: StageLog
-    standing: Standing
+    carried: CarriedOver
 
     def emit(self, kind: str, /, **info: Any) -> None: ...
     def record_event(self, kind: str, info: dict) -> None: ...
@@ -50,11 +50,19 @@ class RunContext(Protocol):
     def await_futures(self, futures: list, what: str, resource: str = GPU) -> None: ...
 
 
+class RequestPools(Protocol):
+    """Waiting on and collecting the requests a stage dispatched (pulled or pushed)."""
+
+    def wait_all(self, work: Any, what: str = "exploration",
+                 resource: str | None = None) -> None: ...
+    def collect(self, work: Any, stage: str) -> tuple[list, int, dict | None]: ...
+
+
 class StageContext(RunContext, Protocol):
     """What a stage or a rollout backend uses of the run that holds it."""
 
-    exploration: Any   # pipelines.run.exploration.Exploration: waiting on and collecting pools
+    exploration: RequestPools   # pipelines.run.exploration.Exploration
 
     def placed(self, stage: str) -> tuple[str, ...]: ...
-    def on(self, stage: str) -> str: ...
+    def worker_class(self, stage: str) -> str: ...
     def result(self, future, what: str, resource: str = GPU) -> Any: ...

@@ -35,9 +35,9 @@ def data_parallel(ctx: StageContext) -> bool:
 def dp_train(ctx: StageContext, request: tasks.TrainRequest) -> dict:
     """The step on every gpu worker at once; rank 0's result (what :func:`tasks.train_task`
     returns)."""
-    standing = ctx.standing
-    if standing.training_group is None:
-        standing.training_group = training.TrainingGroup(ctx.cluster.client)
+    carried = ctx.carried
+    if carried.training_group is None:
+        carried.training_group = training.TrainingGroup(ctx.cluster.client)
     ctx.check_running()
-    return standing.training_group.run(lambda: gpu_workers(ctx), dp_train_task, ctx.config,
+    return carried.training_group.run(lambda: gpu_workers(ctx), dp_train_task, ctx.config,
                                        ctx.store, request)

@@ -21,29 +21,26 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipelines.observe.validation_grid import grid_of, save_grid, validation_labels
-from pipelines.run import tasks
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
-from pipelines.run.exploration import Exploration, explore_window
-from pipelines.run.explored import explored_rollout_task, trains_on_explored
-from pipelines.run.rollout import (Pulled, RolloutBackend, SingleTask, finish_rollout, pulled,
-                                   rollout_requests)
-from pipelines.run.context import Standing
+from pipelines.observe.validation_grid import grid_of, save_grid, validation_labels
+from pipelines.run import recording, tasks
+from pipelines.run.context import CarriedOver
 from pipelines.run.dp_train import data_parallel, dp_train
+from pipelines.run.exploration import Exploration, MeasuredTime
+from pipelines.run.explored import explored_rollout_task
+from pipelines.run.rollout import (OneGpuTask, PulledRequests, RolloutBackend, finish_rollout,
+                                   rollout_requests)
 from pipelines.run.sp_rollout import SPGroupsBackend
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, Stage,
                                   TrainResult, ValidationResult)
-from pipelines.run.state import IterationResult, IterationState
+from pipelines.run.state import IterationResult, IterationWork, iteration_result
 from spotlight.config import RunConfig, rollout_sp_degree
-from spotlight.cost import CostLedger
+from spotlight.cost import CostLedger, load_prices, worker_class_prices
 from spotlight.exploration import Selection
-from spotlight.models.base import stores_prompts
+from spotlight.iteration import IterationOutcome, IterationProgram, drive, pulled, requests
 from spotlight.models.prompts import Prompt
-from spotlight.modes import mode_of
-from spotlight.rl.trainer import iteration_prompts
 from storage import RunStore
-from spotlight.cost import load_prices, worker_class_prices
 
 EventFn = Callable[[str, dict], None]
 
@@ -72,8 +69,13 @@ class Driver:
         self.first_validation: dict | None = None   # the first validation this driver ran
         self.last_validation: dict | None = None
         self._stop = threading.Event()
-        self.exploration = Exploration(self)   # plans, runs and judges seed exploration
-        self.standing = Standing()   # formed on first use, kept across iterations
+        self.carried = CarriedOver()   # formed on first use, kept across iterations
+        self.exploration = Exploration(self)   # exploration requests on the cluster
+        # Every decision of an iteration is the program's; this driver carries its requests out.
+        self.program = IterationProgram(config, mode, train_prompts, self.log,
+                                        MeasuredTime(self, self.exploration),
+                                        self._restored_planning())
+        self._work: IterationWork | None = None   # the iteration under way
 
     def stop(self) -> None:
         """Stop at the next wait: in-flight tasks are cancelled, committed stages stay."""
@@ -120,7 +122,7 @@ class Driver:
         """The worker classes ``stage`` runs on in this run's mode (``placement``)."""
         return self.config.placed(stage, self.mode)
 
-    def on(self, stage: str) -> str:
+    def worker_class(self, stage: str) -> str:
         """The one worker class of a single-task stage (reward, train)."""
         return self.placed(stage)[0]
 
@@ -165,8 +167,18 @@ class Driver:
             self.emit("stage_done", iteration=iteration, stage=stage)
 
     def prompts(self, iteration: int) -> list[Prompt]:
-        return iteration_prompts(self.train_prompts, iteration,
-                                 self.config.grpo.prompts_per_iteration, self.config.seed)
+        return self.program.prompts(iteration)
+
+    def _restored_planning(self) -> dict | None:
+        """Planner and fidelity monitor as the last recorded iteration left them."""
+        k = self.log.completed_iterations()
+        if k == 0:
+            return None
+        record = self.log.get(k - 1, Stage.ITERATION)
+        # Runs recorded before the planning state left the manifest keep it in the record.
+        if record.planner is not None:
+            return {"planner": record.planner, "monitor": record.monitor}
+        return self.store.get_json(tasks.stage_name(k - 1, "iteration"), "planning")
 
     # --- one iteration --------------------------------------------------------------------------
     def run_iteration(self, k: int, *, validate: bool, explore_next: bool) -> IterationResult:
@@ -177,188 +189,179 @@ class Driver:
         self.check_running()
         self.log.refresh()                  # one manifest read per iteration (none as writer)
         self._track_workers()
-        it = self._begin(k, explore_next)   # seeds; audit and early exploration on spot
-        self._rollout_and_reward(it)
-        self._advantages(it)                # + τ of the selected seeds, the planner's payoff
-        self._train(it)
-        self._watch_fidelity(it)            # the audit's τ -> trust or fall back
-        self._select_next(it)               # what exploration finished -> seeds of k+1
-        it.val_reward = self.validate(k + 1, it.records) if validate else None
-        return self._finish(it)
+        self._work = IterationWork(k, start=time.time())
+        try:
+            outcome = drive(self.program.iteration(k, validate=validate,
+                                                   explore_next=explore_next), self.handle)
+            return self._finish(self._work, outcome)
+        finally:
+            self._work = None
 
-    def _begin(self, k: int, explore_next: bool) -> "IterationState":
-        resumed = [s for s in (Stage.ROLLOUT, Stage.REWARD, Stage.TRAIN) if self.log.done(k, s)]
-        it = IterationState(k=k, start=time.time(), prompts=self.prompts(k), resumed=resumed,
-                            spotlight=mode_of(self.mode).stale,
-                            explores=explore_next and mode_of(self.mode).stale)
-        it.selection = self.exploration.seeds_for(k)
-        if stores_prompts(self.config):
-            self._embed_prompts(k, it.prompts + (self.prompts(k + 1) if it.explores else []))
-        # The spot workers are idle while the rollout runs: audit the stale ranking then, and
-        # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        audit_done = self.log.done(k, Stage.AUDIT)
-        it.audit = self.exploration.submit_audit(k) if it.spotlight and not audit_done else []
-        if it.explores and explore_window(self.config, self.mode) == "iteration":
-            it.plan, it.explore_futures = self.exploration.start_next(k)
-        return it
+    def handle(self, request: requests.StageRequest) -> Any:
+        """Carry out one request of the iteration program (see :mod:`spotlight.iteration`)."""
+        return getattr(self, f"_{type(request).__name__}")(request)
 
-    def _embed_prompts(self, k: int, prompts: list[Prompt]) -> None:
+    def _ReadSelection(self, r: requests.ReadSelection) -> Selection:
+        return recording.read_selection(self.store, self.log, r.iteration)
+
+    def _ReadCandidates(self, r: requests.ReadCandidates) -> requests.Candidates:
+        return recording.candidates_of(self.exploration.candidates(r.iteration, r.stage))
+
+    def _ReadRewards(self, r: requests.ReadRewards) -> np.ndarray:
+        return self._stored_rewards(r.iteration)
+
+    def _RecordPlan(self, r: requests.RecordPlan) -> None:
+        recording.record_plan(self.log, r.plan, r.at)
+        if r.announce:
+            self.emit("plan", iteration=r.plan.iteration, plan=r.plan)
+
+    def _RecordSelection(self, r: requests.RecordSelection) -> None:
+        recording.record_selection(self.store, self.log, r.iteration, r.selection, r.source)
+
+    def _RecordAudit(self, r: requests.RecordAudit) -> None:
+        recording.record_audit(self.store, self.log, r.iteration, r.audit, r.scored)
+        self._work.records += [out.record for out in r.scored]
+
+    def _StageStarted(self, r: requests.StageStarted) -> None:
+        self.emit("stage_start", iteration=r.iteration, stage=r.stage)
+
+    def _FidelityChanged(self, r: requests.FidelityChanged) -> None:
+        self.emit("fidelity", iteration=r.decision.iteration, decision=r.decision)
+
+    def _EmbedPrompts(self, r: requests.EmbedPrompts) -> None:
         """The prompt embeddings this iteration's workers read, into the run store first."""
-        texts = [p.text for p in prompts] + [p.text for p in self.val_prompts]
-        self.result(self.submit(tasks.embed_prompts_task, self.config, self.store, k, texts,
-                                resource=self.on("train"), name="embed"),
-                    f"prompt embeddings of iteration {k}", self.on("train"))
+        texts = r.texts + [p.text for p in self.val_prompts]
+        where = self.worker_class("train")
+        self.result(self.submit(tasks.embed_prompts_task, self.config, self.store, r.iteration,
+                                texts, resource=where, name="embed"),
+                    f"prompt embeddings of iteration {r.iteration}", where)
 
-    def _rollout_and_reward(self, it: "IterationState") -> None:
-        cfg, k = self.config, it.k
-        self.emit("stage_start", iteration=k, stage="rollout")
-        held = None
-        if not self.log.done(k, Stage.ROLLOUT) and not self._explored_rollout(it):
-            chunks = rollout_requests(cfg, tasks.RolloutRequest(k, it.prompts,
-                                                                it.selection.seeds, k))
-            done = self._rollout_backend().run(self, chunks)
-            it.records += finish_rollout(self, chunks, it.selection.seeds, done)
-            held = done.held
-        # Scored where the rollout is held in memory, else read back from the run store.
-        it.rollout_f = held or self.submit(tasks.load_rollout_task, cfg, self.store, k,
-                                           resource=self.on("reward"), name="load-rollout")
-        it.explored_rollout = bool((self.log.get(k, Stage.ROLLOUT).task or {}).get("explored"))
-        score = self._explored_reward if it.explored_rollout else self._reward
-        _, resumed = self.log.once(k, Stage.REWARD, lambda: score(it))
-        if resumed:
-            it.rewards = self._stored_rewards(k)
+    def _StartExploration(self, r: requests.StartExploration):
+        return self.exploration.start(r)
 
-    def _explored_rollout(self, it: "IterationState") -> bool:
-        """``objective.train_on_explored``: the selected seeds' explored samples become the
-        rollout (recorded here) and their exploration rewards its rewards (written here, read
-        by :meth:`_explored_reward`). False if the iteration must be rolled out."""
-        cfg, k = self.config, it.k
-        if not trains_on_explored(cfg, it.selection):
-            return False
-        request = tasks.RolloutRequest(k, it.prompts, it.selection.seeds, k)
-        out = self.result(self.submit(explored_rollout_task, cfg, self.store, request,
-                                      it.selection, self.log.get(k, Stage.SELECTION).source,
-                                      resource=self.on("train"), name="explored-rollout"),
-                          f"iteration {k}'s explored samples", self.on("train"))
-        if not out["found"]:
-            return False
-        it.records.append(out["record"])
-        self.log.record(k, Stage.ROLLOUT, RolloutResult(task=out["record"]))
-        return True
+    def _FinishExploration(self, r: requests.FinishExploration) -> requests.Candidates:
+        waiting = time.time()
+        found = self.exploration.finish(r)
+        it = self._work
+        if r.stage == Stage.EXPLORE and r.iteration == it.k + 1:   # the next one's, stale
+            it.explore_wait_s = time.time() - waiting
+            it.records += found["tasks"]
+            it.preemptions += self.log.get(r.iteration, Stage.EXPLORE).preemptions
+        return recording.candidates_of(found)
 
-    def _explored_reward(self, it: "IterationState") -> RewardResult:
-        """The explored rollout's rewards: exploration's, written with it (never re-scored)."""
-        it.rewards = self._stored_rewards(it.k)
-        return RewardResult(mean=float(it.rewards.mean()),
-                            task=self.log.get(it.k, Stage.ROLLOUT).task)
+    def _StartAudit(self, r: requests.StartAudit):
+        return self.exploration.start_audit(r)
+
+    def _FinishAudit(self, r: requests.FinishAudit) -> list | None:
+        return self.exploration.finish_audit(r.work)
+
+    def _RollOutExplored(self, r: requests.RollOutExplored) -> bool:
+        """The selected seeds' explored samples become the rollout (recorded here) and their
+        exploration rewards its rewards (written here, read by the reward stage)."""
+        where = self.worker_class("train")
+        request = tasks.RolloutRequest(r.iteration, r.prompts, r.selection.seeds, r.iteration)
+        out = self.result(self.submit(explored_rollout_task, self.config, self.store, request,
+                                      r.selection, r.stage, resource=where,
+                                      name="explored-rollout"),
+                          f"iteration {r.iteration}'s explored samples", where)
+        if out["found"]:
+            self._work.records.append(out["record"])
+            self.log.record(r.iteration, Stage.ROLLOUT, RolloutResult(task=out["record"]))
+        return bool(out["found"])
+
+    def _RollOut(self, r: requests.RollOut) -> None:
+        chunks = rollout_requests(self.config, tasks.RolloutRequest(r.iteration, r.prompts,
+                                                                    r.seeds, r.iteration))
+        done = self._rollout_backend().run(self, chunks)
+        self._work.records += finish_rollout(self.store, self.log, chunks, r.seeds, done)
+        self._work.rollout_f = done.held
+
+    def _rollout_held(self, k: int):
+        """The future of iteration k's rollout: held in its worker's memory, else read back
+        from the run store (a resumed run, a pulled rollout)."""
+        it = self._work
+        if it.rollout_f is None:
+            it.rollout_f = self.submit(tasks.load_rollout_task, self.config, self.store, k,
+                                       resource=self.worker_class("reward"), name="load-rollout")
+        return it.rollout_f
+
+    def _rollout_backend(self) -> RolloutBackend:
+        if rollout_sp_degree(self.config) > 1:
+            return SPGroupsBackend()
+        return PulledRequests() if pulled(self.placed("rollout")) else OneGpuTask()
+
+    def _Score(self, r: requests.Score) -> np.ndarray:
+        """Score the rollout (its data is in the store by then), or take the explored samples'
+        rewards (written with them, never re-scored)."""
+        k, where = r.iteration, self.worker_class("reward")
+        if r.explored:
+            rewards, task = self._stored_rewards(k), self.log.get(k, Stage.ROLLOUT).task
+        else:
+            out = self.result(self.submit(tasks.reward_task, self.config, self.store,
+                                          self._rollout_held(k), r.prompts,
+                                          self.config.grpo.group_size, k, resource=where,
+                                          name="reward"),
+                              f"iteration {k}'s rollout and reward", where)
+            rewards, task = out["rewards"], out["record"]
+            self._work.records.append(task)
+        self.log.record(k, Stage.REWARD, RewardResult(mean=float(rewards.mean()), task=task))
+        return rewards
 
     def _stored_rewards(self, k: int) -> np.ndarray:
         """Iteration ``k``'s rewards as its reward stage wrote them to the run store."""
         return self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
 
-    def _rollout_backend(self) -> RolloutBackend:
-        if rollout_sp_degree(self.config) > 1:
-            return SPGroupsBackend()
-        return Pulled() if pulled(self.placed("rollout")) else SingleTask()
+    def _ComputeAdvantages(self, r: requests.ComputeAdvantages) -> dict:
+        k, where = r.iteration, self.worker_class("train")
+        adv = self.result(self.submit(tasks.advantages_task, self.config, k, r.rewards, k,
+                                      resource=where, name="advantages"),
+                          f"iteration {k}'s advantages", where)
+        self._work.records.append(adv["record"])
+        if self.log.done(k, Stage.TRAIN):   # resumed: trained already, the window is over
+            self._work.train_end = time.time()
+        return adv
 
-    def _reward(self, it: "IterationState") -> RewardResult:
-        """Score the rollout (its data is in the store by then)."""
-        cfg, k = self.config, it.k
-        out = self.result(self.submit(tasks.reward_task, cfg, self.store, it.rollout_f,
-                                      it.prompts, cfg.grpo.group_size, k,
-                                      resource=self.on("reward"), name="reward"),
-                          f"iteration {k}'s rollout and reward", self.on("reward"))
-        it.rewards = out["rewards"]
-        it.records.append(out["record"])
-        return RewardResult(mean=float(it.rewards.mean()), task=out["record"])
-
-    def _advantages(self, it: "IterationState") -> None:
-        k = it.k
-        self.emit("stage_start", iteration=k, stage="train")
-        it.adv = self.result(self.submit(tasks.advantages_task, self.config, k, it.rewards, k,
-                                          resource=self.on("train"), name="advantages"),
-                             f"iteration {k}'s advantages", self.on("train"))
-        it.records.append(it.adv["record"])
-        # τ over the selected seeds: reported, never decided on (selection biases it upwards).
-        if it.spotlight:
-            if not it.explored_rollout:   # trained on explored: the same rewards, no second score
-                it.tau = self.exploration.rank_fidelity(k, it.selection, it.rewards)
-            self.exploration.record_plan_outcome(k, it.adv)
-        if it.explores and explore_window(self.config, self.mode) != "iteration":
-            it.plan, it.explore_futures = self.exploration.start_next(k)
-
-    def _train(self, it: "IterationState") -> None:
-        train, _ = self.log.once(it.k, Stage.TRAIN, lambda: self._train_now(it))
-        it.train_info = train.stats
-        it.rollout_f = None
-        it.train_end = time.time()
-
-    def _train_now(self, it: "IterationState") -> TrainResult:
-        cfg, k = self.config, it.k
+    def _Train(self, r: requests.Train) -> dict:
+        k, where = r.iteration, self.worker_class("train")
         self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
-        request = tasks.TrainRequest(k, it.prompts, it.rewards, it.adv, k)
+        request = tasks.TrainRequest(k, r.prompts, r.rewards, r.advantages, k)
         if data_parallel(self):   # every gpu worker takes the step (rank 0's state is saved)
             trained = dp_train(self, request)
         else:
-            trained = self.submit(tasks.train_task, cfg, self.store, it.rollout_f, request,
-                                  resource=self.on("train"), name="train")
-        saved = self.result(self.submit(tasks.checkpoint_task, cfg, self.store, trained, k, k,
-                                        resource=self.on("train"), name="checkpoint"),
-                            f"iteration {k}'s training and checkpoint", self.on("train"))
+            trained = self.submit(tasks.train_task, self.config, self.store,
+                                  self._rollout_held(k), request, resource=where, name="train")
+        saved = self.result(self.submit(tasks.checkpoint_task, self.config, self.store, trained,
+                                        k, k, resource=where, name="checkpoint"),
+                            f"iteration {k}'s training and checkpoint", where)
         del trained   # the weights leave the gpu worker's memory with the future
         self.store.commit_checkpoint(saved["checkpoint"])   # θ_k+1 exists from here on
-        it.records += saved["records"]
-        return TrainResult(stats=saved["stats"], task=saved["records"][0])
+        self._work.records += saved["records"]
+        self._work.rollout_f = None
+        self.log.record(k, Stage.TRAIN, TrainResult(stats=saved["stats"],
+                                                     task=saved["records"][0]))
+        self._work.train_end = time.time()
+        return saved["stats"]
 
-    def _watch_fidelity(self, it: "IterationState") -> None:
-        """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration
-        may use the stale ranking: it is the unbiased sample of it."""
-        k = it.k
-        recorded = self.log.get(k, Stage.AUDIT)
-        it.audit_tau = self.exploration.finish_audit(k, it.audit) if it.audit else \
-            (recorded.kendall_tau if recorded is not None else None)
-        if it.audit:
-            it.records += self.store.get_json(tasks.stage_name(k, "audit"), "audit")["tasks"]
-        if it.spotlight and it.audit_tau is not None:
-            decision = self.exploration.observe(k, it.audit_tau)
-            if decision.changed:
-                self.emit("fidelity", iteration=k, decision=decision)
+    def _Validate(self, r: requests.Validate) -> float:
+        return self.validate(r.version, self._work.records)
 
-    def _select_next(self, it: "IterationState") -> None:
-        if not it.explore_futures:
-            return
-        k, plan, waiting = it.k, it.plan, time.time()
-        if not self.config.exploration.deadline or "train" in it.resumed:
-            # No training window to hide in after a resume; deadline off = every request.
-            self.exploration.wait_all(it.explore_futures)
-        self.emit("stage_start", iteration=k, stage="select")
-        it.planned = plan.prompts * plan.candidates
-        nxt = self.exploration.finish(k + 1, it.explore_futures, "explore", planned=it.planned,
-                                      select=self.exploration.trusting)
-        it.explore_wait_s = time.time() - waiting
-        found = self.exploration.candidates(k + 1, "explore")
-        it.explored = sum(len(row) for row in found["seeds"])
-        it.filled = int(nxt.filled.sum()) if nxt is not None else 0
-        it.records += found["tasks"]
-        it.preemptions += self.log.get(k + 1, Stage.EXPLORE).preemptions
-        if plan.budget_s is not None:
-            ends = [t["end"] for t in it.records if t["stage"] == "explore"]
-            it.overrun = bool(ends) and max(ends) > it.train_end
-
-    def _finish(self, it: "IterationState") -> IterationResult:
+    def _finish(self, it: IterationWork, outcome: IterationOutcome) -> IterationResult:
         """Record the iteration: rewards table, tasks, planning state, events, its result."""
         k = it.k
-        self._append_rewards(k, it.prompts, it.selection, it.rewards, it.adv, it.tau,
-                             it.audit_tau)
+        self._append_rewards(outcome)
         self._track_workers()
         end = time.time()
-        result = it.result(self.mode, end, self.ledger.cost(it.start, end, self.prices)["total"],
-                           self.ledger.total(end, self.prices)["total"],
-                           self.exploration.monitor.state)
+        plan = outcome.plan
+        if plan is not None and plan.budget_s is not None:
+            ends = [t["end"] for t in it.records if t["stage"] == "explore"]
+            it.overrun = bool(ends) and max(ends) > it.train_end
+        result = iteration_result(outcome, it, self.mode, end,
+                                  self.ledger.cost(it.start, end, self.prices)["total"],
+                                  self.ledger.total(end, self.prices)["total"])
         self.store.put_json(tasks.stage_name(k, "iteration"), "tasks",
                             {"tasks": it.records, "train_end": it.train_end})
         self.store.put_json(tasks.stage_name(k, "iteration"), "planning",
-                            self.exploration.state())
+                            self.program.planning_state())
         self.flush_events(f"iter-{k:06d}")
         self.log.record(k, Stage.ITERATION,
                         IterationRecord(result.to_record(), self.ledger.to_dict()))
@@ -374,44 +377,46 @@ class Driver:
 
     def _validate_now(self, version: int, records: list | None) -> ValidationResult:
         self.emit("stage_start", iteration=max(version - 1, 0), stage="validation")
+        where = self.worker_class("train")
         out = self.result(self.submit(tasks.validation_task, self.config, self.store, version,
-                                       self.val_prompts, version, resource=self.on("train"),
-                                       name="validation"), f"validation of weights {version}",
-                          self.on("train"))
+                                      self.val_prompts, version, resource=where,
+                                      name="validation"), f"validation of weights {version}",
+                          where)
         self.last_validation = out
         self.first_validation = self.first_validation or out
-        grid = grid_of(version, out["images"], out["rewards"], validation_labels(self.val_prompts, out["rewards"]),
-                       out["mean_reward"])
+        labels = validation_labels(self.val_prompts, out["rewards"])
+        grid = grid_of(version, out["images"], out["rewards"], labels, out["mean_reward"])
         save_grid(self.store, grid)   # once per version: inside the stage log's ``once``
         self.emit("validation_done", iteration=max(version - 1, 0), version=version, grid=grid)
         if records is not None:
             records.append(out["record"])
         return ValidationResult(float(out["mean_reward"]), version, out["record"])
 
-    def _append_rewards(self, k: int, prompts: list[Prompt], selection: Selection,
-                        rewards: np.ndarray, adv: dict, tau: float | None,
-                        audit_tau: float | None) -> None:
-        """One table row per scored sample of iteration k: its rollout and the explored candidates."""
+    def _append_rewards(self, outcome: IterationOutcome) -> None:
+        """One table row per scored sample of an iteration: its rollout, the audited and the
+        explored candidates."""
+        k, prompts, selection = outcome.iteration, outcome.prompts, outcome.selection
         cols: dict[str, list] = {"prompt": [], "seed": [], "stage": [], "reward": [],
                                  "weights_version": [], "advantage": [], "selected": [],
                                  "kendall_tau": []}
         nan = float("nan")
 
-        def add(prompt, seed, stage, reward, version, advantage, selected, tau=nan):
+        def add(prompt, seed, stage, reward, version, advantage, selected, tau=None):
             for key, value in zip(cols, (prompt, seed, stage, reward, version, advantage, selected,
-                                         tau)):
+                                         nan if tau is None else tau)):
                 cols[key].append(value)
 
+        values = outcome.advantages["values"]
         for p, prompt in enumerate(prompts):
             for g, seed in enumerate(selection.seeds[p]):
-                add(prompt.text, int(seed), "rollout", float(rewards[p, g]), k,
-                    float(adv["values"][p, g]), 1.0, nan if tau is None else tau)
+                add(prompt.text, int(seed), "rollout", float(outcome.rewards[p, g]), k,
+                    float(values[p, g]), 1.0, outcome.tau)
         if self.log.done(k, Stage.AUDIT):
-            audit = self.store.get_json(tasks.stage_name(k, "audit"), "audit")
+            audit = recording.read_audit(self.store, k)
             for p, seeds, fresh in zip(audit["prompt_index"], audit["seeds"], audit["fresh"]):
                 for seed, reward in zip(seeds, fresh):
                     add(prompts[p].text, int(seed), "audit", float(reward), k, nan, nan,
-                        nan if audit_tau is None else audit_tau)
+                        outcome.audit_tau)
         for stage in ("explore", "explore-sync"):
             if self.log.done(k, stage):
                 found = self.exploration.candidates(k, stage)
@@ -419,11 +424,10 @@ class Driver:
                 chosen = [set(int(s) for s in row) for row in selection.seeds]
                 for p, (seeds, rews) in enumerate(zip(found["seeds"], found["rewards"])):
                     for seed, reward in zip(seeds, rews):
-                        add(prompts[p].text, int(seed), stage, float(reward), version, float("nan"),
+                        add(prompts[p].text, int(seed), stage, float(reward), version, nan,
                             float(int(seed) in chosen[p]))
         self.store.append_rewards(k, cols)
 
 
 def _prices(config: RunConfig) -> dict[str, float]:
-
     return worker_class_prices(config.cost, load_prices(config.cost.prices))

@@ -30,19 +30,6 @@ from storage.attempts import FIRST
 REQUEST = "explored"   # the explored rollout's one request in the rollout stage
 
 
-def source_stage(source: str) -> str:
-    """Where a selection's candidates were explored: ``explore-sync`` for sync exploration,
-    else the stale ``explore`` stage (the fallback chooses among its first candidates too)."""
-    return "explore-sync" if source == "sync" else "explore"
-
-
-def trains_on_explored(config: RunConfig, selection: Selection | None) -> bool:
-    """Whether the iteration with ``selection`` takes its rollout from exploration: the
-    config asks for it and exploration scored every selected seed."""
-    return (config.objective.train_on_explored and selection is not None
-            and bool(np.isfinite(selection.selected_rewards).all()))
-
-
 def explored_finals(store: RunStore, stage: str) -> dict[tuple[int, int], np.ndarray]:
     """(prompt index, seed) -> final latent of every explored candidate kept in ``stage``."""
     finals = {}
@@ -55,13 +42,13 @@ def explored_finals(store: RunStore, stage: str) -> dict[tuple[int, int], np.nda
 
 
 def explored_rollout_task(config: RunConfig, store: RunStore, request: tasks.RolloutRequest,
-                          selection: Selection, source: str) -> dict:
+                          selection: Selection, explored_in: str) -> dict:
     """The selected seeds' explored samples as ``request``'s rollout, and their exploration
     rewards as its rewards, written to the rollout and reward stages. ``found`` is False
     (nothing written) when a selected seed has no kept sample: roll the iteration out."""
     start = time.time()
     k = request.iteration
-    finals = explored_finals(store, stage_name(k, source_stage(source)))
+    finals = explored_finals(store, stage_name(k, explored_in))
     keys = [(p, int(seed)) for p, row in enumerate(np.asarray(request.seeds)) for seed in row]
     missing = [key for key in keys if key not in finals]
     if missing:
@@ -76,7 +63,7 @@ def explored_rollout_task(config: RunConfig, store: RunStore, request: tasks.Rol
     ctx = tasks.context(config, store)
     with ctx.lock:
         record = task_record("rollout", k, start, request.version,
-                             explored=source_stage(source), samples=len(keys))
+                             explored=explored_in, samples=len(keys))
         # Held for the train task on this worker, as a resumed run reads it back from the store.
         trajectory = ctx.trajectory_of(log_probs, latents)
         ctx.rollouts = {k: tasks.RolloutOutput(k, trajectory, record)}

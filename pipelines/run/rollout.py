@@ -4,9 +4,9 @@ The rollout is split into requests of ``grpo.request_prompts`` prompts, each wit
 group of seeds -- fixed batch shapes, the same split wherever the rollout runs, so the latents
 and log-probabilities do not depend on which worker computes them. A backend runs the requests:
 
-- :class:`SingleTask`: on gpu workers alone (``placement.rollout: [gpu]``), in order in one
+- :class:`OneGpuTask`: on gpu workers alone (``placement.rollout: [gpu]``), in order in one
   task, which keeps the trajectory in its worker's memory for reward and training;
-- :class:`Pulled`: pulled by every worker the placement allows, gpu and spot
+- :class:`PulledRequests`: pulled by every worker the placement allows, gpu and spot
   (:class:`~pipelines.cluster.dispatch.RequestPool`), with adaptive offload -- the tail goes to
   whoever finishes first by measured speed, and an idle gpu worker re-runs a straggling spot
   request;
@@ -32,11 +32,14 @@ from pipelines.run import rollout_store, tasks
 from pipelines.run.context import StageContext
 from pipelines.run.streamed import (RequestRun, RolledOut, StreamedRequest, run_streamed_request,
                                     sample_streamed)
+from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import RolloutResult, Stage
+from spotlight.iteration import pulled  # noqa: F401  (re-exported: where rollouts run)
 from spotlight.models.prompts import Prompt
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import rollout_chunks, sample_keys
 from spotlight.scheduling.dispatch import Offload
+from storage import RunStore
 from storage.attempts import FIRST, Attempt
 
 
@@ -129,12 +132,6 @@ def rollout_chunk_task(config, store, chunk: RolloutChunk,
                                 chunk.rolled_out)
 
 
-def pulled(classes: tuple[str, ...]) -> bool:
-    """Whether a stage placed on ``classes`` is pulled request by request (a
-    :class:`RequestPool`): with spot workers, which come and go, or several classes."""
-    return "spot" in classes or len(classes) > 1
-
-
 def newcomer_warm_up(client, config, store, version: int):
     """``warm_up`` of a :class:`RequestPool`: a worker that joins mid-stage loads weights
     ``version`` (checked against the run store's checkpoint) before it pulls a request."""
@@ -151,7 +148,7 @@ def newcomer_warm_up(client, config, store, version: int):
 @dataclass
 class RolloutDone:
     """What a backend hands :func:`finish_rollout`: the requests' task records (for the
-    timeline), the stage's result (how it ran) and, from :class:`SingleTask` alone, the future
+    timeline), the stage's result (how it ran) and, from :class:`OneGpuTask` alone, the future
     whose worker holds the rollout in memory for reward."""
 
     records: list[dict]
@@ -164,7 +161,7 @@ class RolloutBackend(Protocol):
     def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone: ...
 
 
-class SingleTask:
+class OneGpuTask:
     """The requests in order in one task on one gpu worker."""
 
     def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone:
@@ -172,19 +169,20 @@ class SingleTask:
         prompts = [p for c in chunks for p in c.prompts]
         seeds = np.concatenate([c.seeds for c in chunks])
         attempt = Attempt(ctx.store.epoch, 1)   # one task: the driver's only attempt
+        where = ctx.worker_class("rollout")
         held = ctx.submit(rollout_task, ctx.config, ctx.store,
                           tasks.RolloutRequest(first.iteration, prompts, seeds, first.version),
-                          attempt, resource=ctx.on("rollout"), name="rollout")
+                          attempt, resource=where, name="rollout")
         # The record alone comes back: the trajectory stays on its worker for reward.
         # (Dask runs it where that trajectory is, the costliest thing to move.)
-        record = ctx.result(ctx.submit(task_record_of, held, resource=ctx.on("rollout"),
+        record = ctx.result(ctx.submit(task_record_of, held, resource=where,
                                        name="rollout-record"),
-                            f"iteration {first.iteration}'s rollout", ctx.on("rollout"))
+                            f"iteration {first.iteration}'s rollout", where)
         return RolloutDone([record], RolloutResult(task=record), held,
                            {c.name: rollout_store.request_file(c.name, attempt) for c in chunks})
 
 
-class Pulled:
+class PulledRequests:
     """Requests pulled by the workers of the rollout's placement, gpu and spot."""
 
     def run(self, ctx: StageContext, chunks: list[RolloutChunk]) -> RolloutDone:
@@ -197,7 +195,7 @@ class Pulled:
                              numbered=True) for c in chunks]
         pool = RequestPool(ctx.cluster, specs, config.preemption, store=store,
                            resource=classes, watch_progress=config.stream_latents,
-                           cut_off=ctx.standing.cut_off,
+                           cut_off=ctx.carried.cut_off,
                            offload=Offload(speculate_on=on_demand) if on_demand else None,
                            on_event=lambda kind, info: ctx.emit(kind, stage="rollout", **info),
                            warm_up=newcomer_warm_up(ctx.cluster.client, config, store,
@@ -219,12 +217,12 @@ class Pulled:
                            files={c.name: results[c.name].log_probs for c in chunks})
 
 
-def finish_rollout(ctx: StageContext, chunks: list[RolloutChunk], seeds: np.ndarray,
-                   done: RolloutDone) -> list[dict]:
+def finish_rollout(store: RunStore, log: StageLog, chunks: list[RolloutChunk],
+                   seeds: np.ndarray, done: RolloutDone) -> list[dict]:
     """Every request is in the store: write the stage's index and record the stage -- once,
-    whichever backend ran it. Returns the requests' task records."""
+    whichever backend or executor ran it. Returns the requests' task records."""
     iteration = chunks[0].iteration
-    rollout_store.write_index(ctx.store, chunks[0].streamed.stage, [c.name for c in chunks],
+    rollout_store.write_index(store, chunks[0].streamed.stage, [c.name for c in chunks],
                               [done.files[c.name] for c in chunks], seeds)
-    ctx.log.record(iteration, Stage.ROLLOUT, done.result)
+    log.record(iteration, Stage.ROLLOUT, done.result)
     return done.records

@@ -76,7 +76,7 @@ def class_workers(client, classes: tuple[str, ...]) -> dict[str, str]:
 def sp_groups(ctx: StageContext, iteration: int) -> SPGroups:
     """The run's SP groups (formed on first use, then kept), holding weights ``iteration``."""
     config, client = ctx.config, ctx.cluster.client
-    groups = ctx.standing.sp_groups
+    groups = ctx.carried.sp_groups
     if groups is None:
         classes = ctx.placed("rollout")
         known: dict[str, str] = {}
@@ -89,7 +89,7 @@ def sp_groups(ctx: StageContext, iteration: int) -> SPGroups:
                           degrees_below(rollout_sp_degree(config)), node=node)
         known.update(class_workers(client, classes))
         groups.add(sorted(known))
-        ctx.standing.sp_groups = groups
+        ctx.carried.sp_groups = groups
     elif groups.version != iteration:
         groups.published(iteration)
     return groups
@@ -102,7 +102,7 @@ class SPGroupsBackend:
         config, store, client = ctx.config, ctx.store, ctx.cluster.client
         classes = ctx.placed("rollout")
         iteration = chunks[0].iteration
-        losses_before = ctx.standing.sp_groups.losses if ctx.standing.sp_groups else 0
+        losses_before = ctx.carried.sp_groups.losses if ctx.carried.sp_groups else 0
         groups = sp_groups(ctx, iteration)
         server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
                                       for c in chunks},

@@ -1,18 +1,20 @@
 """What one iteration produces and what its stages hand each other in the driver.
 
 :class:`IterationResult` is the row a user sees in ``session.history`` and what the run store
-keeps per iteration; :class:`IterationState` lives only in the driver while the iteration runs
+keeps per iteration; :class:`IterationWork` lives only in the driver while the iteration runs
 (everything a crash must not lose is in the run store by then).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from spotlight.exploration import Selection
-from spotlight.models.prompts import Prompt
+from spotlight.iteration import IterationOutcome
+
+if TYPE_CHECKING:
+    from distributed import Future
 
 
 @dataclass
@@ -62,57 +64,42 @@ class IterationResult:
 
 
 @dataclass
-class IterationState:
-    """What the stages of one iteration hand each other in the driver (in memory only; what
-    must survive a crash is in the run store)."""
+class IterationWork:
+    """What the driver holds while an iteration runs: what the program does not decide (task
+    records for the timeline, the rollout's future, timings). In memory only: what must
+    survive a crash is in the run store."""
 
     k: int
     start: float
-    prompts: list[Prompt]
-    resumed: list[str]          # stages recorded before this driver started the iteration
-    spotlight: bool
-    explores: bool              # explores the next iteration (stale, on spot)
-    selection: Selection | None = None
     records: list[dict] = field(default_factory=list)
-    audit: Any = None
-    plan: Any = None
-    explore_futures: Any = None
-    rollout_f: Any = None
-    explored_rollout: bool = False   # the rollout is the explored samples (train_on_explored)
-    rewards: np.ndarray | None = None
-    adv: dict | None = None
-    tau: float | None = None
-    audit_tau: float | None = None
-    train_info: dict | None = None
+    rollout_f: Future | None = None      # the rollout, held in its gpu worker's memory
     train_end: float = 0.0
-    explored: int = 0
-    planned: int = 0
-    filled: int = 0
+    explore_wait_s: float | None = None
     preemptions: int = 0
     overrun: bool | None = None
-    explore_wait_s: float | None = None
-    val_reward: float | None = None
 
-    def result(self, mode: str, end: float, cost_usd: float, cost_total_usd: float,
-               fidelity_state: str) -> IterationResult:
-        adv, info, plan = self.adv, self.train_info, self.plan
-        return IterationResult(
-            iteration=self.k, mode=mode, reward_mean=float(self.rewards.mean()),
-            group_reward_std=float(np.mean(adv["group_std"])),
-            zero_std_groups=int((~adv["kept"]).sum()), loss=float(info["loss"]),
-            kl_to_reference=float(info["kl_to_reference"]),
-            clip_fraction=float(info["clip_fraction"]), val_reward=self.val_reward,
-            explored=self.explored, planned=self.planned, filled=self.filled, start=self.start,
-            end=end, cost_usd=cost_usd, cost_total_usd=cost_total_usd,
-            resumed_stages=self.resumed, kendall_tau=self.tau, audit_tau=self.audit_tau,
-            fidelity_state=fidelity_state,
-            plan_candidates=plan.candidates if plan else None,
-            plan_steps=plan.steps if plan else None,
-            plan_predicted_s=plan.predicted_s if plan else None,
-            plan_budget_s=plan.budget_s if plan else None, plan_overrun=self.overrun,
-            preemptions=self.preemptions, approx_kl=_optional(info.get("approx_kl")),
-            learning_rate=_optional(info.get("learning_rate")),
-            explore_wait_s=self.explore_wait_s)
+
+def iteration_result(outcome: IterationOutcome, work: IterationWork, mode: str, end: float,
+                     cost_usd: float, cost_total_usd: float) -> IterationResult:
+    """The row of ``session.history``: what the program decided and the driver measured."""
+    adv, info, plan = outcome.advantages, outcome.train_stats, outcome.plan
+    return IterationResult(
+        iteration=outcome.iteration, mode=mode, reward_mean=float(outcome.rewards.mean()),
+        group_reward_std=float(np.mean(adv["group_std"])),
+        zero_std_groups=int((~adv["kept"]).sum()), loss=float(info["loss"]),
+        kl_to_reference=float(info["kl_to_reference"]),
+        clip_fraction=float(info["clip_fraction"]), val_reward=outcome.val_reward,
+        explored=outcome.explored, planned=outcome.planned, filled=outcome.filled,
+        start=work.start, end=end, cost_usd=cost_usd, cost_total_usd=cost_total_usd,
+        resumed_stages=outcome.resumed, kendall_tau=outcome.tau, audit_tau=outcome.audit_tau,
+        fidelity_state=outcome.fidelity_state,
+        plan_candidates=plan.candidates if plan else None,
+        plan_steps=plan.steps if plan else None,
+        plan_predicted_s=plan.predicted_s if plan else None,
+        plan_budget_s=plan.budget_s if plan else None, plan_overrun=work.overrun,
+        preemptions=work.preemptions, approx_kl=_optional(info.get("approx_kl")),
+        learning_rate=_optional(info.get("learning_rate")),
+        explore_wait_s=work.explore_wait_s)
 
 
 def _optional(value: Any) -> float | None:

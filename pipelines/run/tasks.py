@@ -310,5 +310,5 @@ def validation_task(config: RunConfig, store: RunStore, iteration: int, prompts:
     with ctx.lock:
         result = validate(ctx.policy_at(version), prompts, ctx.reward_fn, check_rewards, config)
     return {"mean_reward": result.mean_reward, "rewards": result.rewards,
-            "images": result.images.astype(np.float16),
+            "prompts": result.prompts, "images": result.images.astype(np.float16),
             "record": task_record("validation", iteration, start, version)}

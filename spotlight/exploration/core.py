@@ -3,7 +3,7 @@ become the seeds an iteration rolls out, and how an audit compares stale with fr
 
 Two runners drive it and must agree bit for bit: the Dask cluster
 (:class:`pipelines.run.exploration.Exploration`: requests on spot workers, results in the run
-store) and the in-process harness (:class:`pipelines.run.harness.Harness`: the same task
+store) and the in-process harness (:class:`pipelines.run.inprocess.InProcessRun`: the same task
 functions called in order). Everything that decides a number lives here, once; the runners
 only move requests and results.
 

@@ -2,7 +2,7 @@
 
     python tests/golden/record_digits.py spotlight,vanilla,sync [harness]
 
-With ``harness`` each mode is also run by the in-process harness (``pipelines/run/harness.py``)
+With ``harness`` each mode is also run by the in-process harness (``pipelines/run/inprocess.py``)
 and printed as ``harness-<mode>``: it must give the cluster's numbers.
 
 ``tests/pipelines/test_digits_pin.py`` runs this in a subprocess on the current code and on the
@@ -75,10 +75,10 @@ def record(mode: str, workdir: str) -> dict:
 
 
 def record_harness(mode: str, workdir: str) -> dict:
-    from pipelines.run.harness import Harness
+    from pipelines.run.inprocess import InProcessRun
     from spotlight.config import load_config
 
-    harness = Harness(load_config(os.path.join(workdir, "pinned.yaml")), mode)
+    harness = InProcessRun(load_config(os.path.join(workdir, "pinned.yaml")), mode)
     try:
         run = harness.run_iterations(3)
         weights = harness.store.load_checkpoint(3).weights

@@ -58,11 +58,11 @@ def tiny_world_learns(tmp_path_factory) -> None:
     import numpy as np
     import torch
 
-    from pipelines.run.harness import Harness
+    from pipelines.run.inprocess import InProcessRun
     from pipelines.run.tasks import stage_name
 
     path = write_tiny_world(tmp_path_factory.mktemp("tiny-world"))
-    harness = Harness(load_config(path), "vanilla", base_val_reward=0.0)
+    harness = InProcessRun(load_config(path), "vanilla", base_val_reward=0.0)
     try:
         harness.run_iterations(1)
         rewards = harness.store.get_arrays(stage_name(0, "reward"), "reward")["rewards"]

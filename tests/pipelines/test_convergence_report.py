@@ -15,7 +15,7 @@ from pipelines.bench.bench_modes import planned_ratio
 from pipelines.bench.paired import (BenchWorkerLost, Job, PairedPlan, PairedStore, run_jobs,
                                     time_left_s)
 from pipelines.front.cli import EXIT_TASK, _classify
-from pipelines.run.harness import HarnessIteration, HarnessRun
+from pipelines.run.inprocess import IterationSummary, InProcessHistory
 from spotlight.config import load_config, shipped_config
 from tests.pipelines import paired_runners
 
@@ -278,9 +278,9 @@ def test_planned_modes_plan_on_the_stale_runs_measured_time(tmp_path):
 
 def test_a_job_stops_once_it_has_run_the_budget_and_reached_the_target():
     plan = PairedPlan(CONFIG, iterations=30, every=5, base_val_reward=0.2, target=0.3, budget=10)
-    run = HarnessRun("vanilla", 0, 0.2)
+    run = InProcessHistory("vanilla", 0, 0.2)
     for k, val in enumerate([0.31] + [None] * 3 + [0.25] * 6):
-        run.iterations.append(HarnessIteration(k, 0.0, 0.0, "random", val_reward=val))
+        run.iterations.append(IterationSummary(k, 0.0, 0.0, "random", val_reward=val))
         # Reached at iteration 1, but the budget's value is not read before iteration 10.
         assert plan.done(run) == (k + 1 == 10), k
     assert not PairedPlan(CONFIG, 30, 5, 0.2, budget=10).done(run)   # no target: run them all

@@ -2,7 +2,7 @@
 that the reference commit computes on this same machine (``tests/golden``).
 
 Refactors must not change what a run computes; this is where it would show. The in-process
-harness (``pipelines/run/harness.py``) runs the same three modes and must give the same numbers
+harness (``pipelines/run/inprocess.py``) runs the same three modes and must give the same numbers
 as the cluster. The runs go in one subprocess (``tests/golden/record_digits.py``) with torch, MKL
 and oneDNN held to their portable code paths -- yet some kernel still sums in another order on
 another CPU, and machines of one vendor and vector width computed differently, so no recording

@@ -6,17 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.run.harness import Harness, TimeModel
+from pipelines.run.inprocess import InProcessRun
+from spotlight.iteration import TimeModel
+from pipelines.run.records import stage_name
 from spotlight.config import ConfigError
 
 
 def test_settings_that_depend_on_timing_are_refused(tiny_run_config):
     with pytest.raises(ConfigError, match="planner.enabled: false"):
-        Harness(tiny_run_config.with_values({"planner.enabled": True}), "spotlight")
+        InProcessRun(tiny_run_config.with_values({"planner.enabled": True}), "spotlight")
     with pytest.raises(ConfigError, match="exploration.deadline: false"):
-        Harness(tiny_run_config.with_values({"exploration.deadline": True}), "spotlight")
-    with pytest.raises(ConfigError, match="harness mode 'fresh'"):
-        Harness(tiny_run_config, "fresh")
+        InProcessRun(tiny_run_config.with_values({"exploration.deadline": True}), "spotlight")
+    with pytest.raises(ConfigError, match="in-process mode 'fresh'"):
+        InProcessRun(tiny_run_config, "fresh")
 
 
 @pytest.mark.parametrize("mode, sources", [("spotlight", ["random", "explore", "explore"]),
@@ -24,7 +26,7 @@ def test_settings_that_depend_on_timing_are_refused(tiny_run_config):
                                            ("vanilla", ["random", "random", "random"])])
 def test_each_mode_takes_its_seeds_where_the_cluster_does(tiny_run_config, mode, sources):
     config = tiny_run_config.with_values({"fidelity.audit_every": 2})
-    harness = Harness(config, mode)
+    harness = InProcessRun(config, mode)
     try:
         run = harness.run_iterations(3)
     finally:
@@ -44,7 +46,7 @@ def test_staleness_probe_ranks_the_same_candidates_with_older_weights(tiny_run_c
     """τ per lag compares θ_k's scores of iteration k's candidates with θ_k-lag's. The tiny
     model scores every candidate 0 (all tied), so the scores here are made up per version:
     θ_2 and θ_1 rank alike, θ_0 in reverse."""
-    harness = Harness(tiny_run_config, "vanilla")
+    harness = InProcessRun(tiny_run_config, "vanilla")
     calls = []
 
     def explore(iteration, version, candidates, stage, prompts):
@@ -69,9 +71,9 @@ def test_the_planner_plans_on_modelled_time(tiny_run_config):
     config = tiny_run_config.with_values({"planner.enabled": True, "planner.candidates": [6, 8],
                                           "planner.steps": [0]})
     with pytest.raises(ConfigError, match="TimeModel"):
-        Harness(config, "spotlight")
-    wide = Harness(config, "spotlight", time_model=TimeModel(60.0, 1e-3, spot_slots=2))
-    narrow = Harness(config, "spotlight", time_model=TimeModel(1e-4, 1e-3))
+        InProcessRun(config, "spotlight")
+    wide = InProcessRun(config, "spotlight", time_model=TimeModel(60.0, 1e-3, spot_slots=2))
+    narrow = InProcessRun(config, "spotlight", time_model=TimeModel(1e-4, 1e-3))
     try:
         wide_run, narrow_run = wide.run_iterations(4), narrow.run_iterations(2)
     finally:
@@ -82,11 +84,13 @@ def test_the_planner_plans_on_modelled_time(tiny_run_config):
     # (more candidates, same steps) dominates N 6, which is never tried. Every prompt, at the
     # rollout's steps.
     assert [it.plan for it in wide_run.iterations] == [(8, steps, prompts)] * 3 + [None]
-    assert sum(wide.planner.pulls) == 3            # the plans of iterations 1, 2 and 3 were paid
-    assert [len(s) for s, _ in wide.stale[3]] == [8] * prompts
-    assert narrow_run.iterations[0].plan[0] == 0   # nothing fits the window
-    assert all(len(s) == 0 for s, _ in narrow.stale[1])
-    assert narrow_run.iterations[1].source == "explore" and sum(narrow.planner.pulls) == 0
+    assert sum(wide.program.planner.pulls) == 3   # the plans of iterations 1, 2 and 3 were paid
+    explored = wide.store.get_json(stage_name(3, "explore"), "candidates")["seeds"]
+    assert [len(seeds) for seeds in explored] == [8] * prompts
+    assert narrow_run.iterations[0].plan[0] == 0   # nothing fits the window: nothing explored
+    assert not narrow.log.done(1, "explore")
+    assert narrow_run.iterations[1].source == "random"
+    assert sum(narrow.program.planner.pulls) == 0
 
 
 def test_a_stopped_run_ran_the_full_runs_iterations(tiny_run_config):
@@ -94,7 +98,7 @@ def test_a_stopped_run_ran_the_full_runs_iterations(tiny_run_config):
     the stop, decides that iteration 0 explores iteration 1)."""
     runs = []
     for stop in (None, lambda run: len(run.iterations) == 2):
-        harness = Harness(tiny_run_config, "spotlight")
+        harness = InProcessRun(tiny_run_config, "spotlight")
         try:
             runs.append(harness.run_iterations(3, stop=stop))
         finally:
@@ -132,32 +136,35 @@ def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config
         session.run(2)
         # The driver wrote every candidates.json of this run: it never reads one back.
         assert [r for r in reads if r[1] == "candidates"] == []
-        store = session.store
-        cluster = {"candidates": store.get_json(stage_name(1, "explore"), "candidates"),
-                   "seeds": store.get_json(stage_name(1, "selection"), "selection")["seeds"],
-                   "rewards": [store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
-                               for k in (0, 1)],
-                   "audit": store.get_json(stage_name(1, "audit"), "audit"),
-                   "weights": store.load_checkpoint(2).weights}
-    harness = Harness(config, "spotlight", base_val_reward=0.0)
+        cluster = recorded(session.store)
+    inprocess = InProcessRun(config, "spotlight", base_val_reward=0.0)
     try:
-        run = harness.run_iterations(2)
-        rewards = [harness.store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
-                   for k in (0, 1)]
-        selected, _ = harness.seeds_for(1, harness.prompts(1))
-        weights = harness.store.load_checkpoint(2).weights
+        run = inprocess.run_iterations(2)
+        ours = recorded(inprocess.store)
     finally:
-        harness.close()
-    assert harness.stale[1] == list(zip(cluster["candidates"]["seeds"],
-                                        cluster["candidates"]["rewards"]))
-    assert selected.seeds.tolist() == cluster["seeds"]
+        inprocess.close()
+    # Candidates, seeds and audit are laid out alike by both executors (pipelines.run.recording)
+    for name in ("candidates", "seeds", "audit"):
+        assert ours[name] == cluster[name], name
     for k in (0, 1):
-        np.testing.assert_array_equal(rewards[k], cluster["rewards"][k])
-    # The audit re-scores with θ_1: the harness as training left it, a spot worker loaded from
-    # the checkpoint. Equal only if both mark the same parameters trainable (a frozen prompt
-    # encoder runs other kernels: ~1e-9 apart before mark_trainable).
-    audit = harness.audits[1]
-    assert (audit.stale, audit.fresh) == (cluster["audit"]["stale"], cluster["audit"]["fresh"])
+        np.testing.assert_array_equal(ours["rewards"][k], cluster["rewards"][k])
+    # The audit re-scores with θ_1: as training left it in process, as a spot worker loaded it
+    # from the checkpoint. Equal only if both mark the same parameters trainable (a frozen
+    # prompt encoder runs other kernels: ~1e-9 apart before mark_trainable).
     assert cluster["audit"]["kendall_tau"] is not None
-    assert run.iterations[1].audit_tau == audit.kendall_tau == cluster["audit"]["kendall_tau"]
-    assert all(torch.equal(weights[name], cluster["weights"][name]) for name in weights)
+    assert run.iterations[1].audit_tau == cluster["audit"]["kendall_tau"]
+    assert all(torch.equal(ours["weights"][name], cluster["weights"][name])
+               for name in ours["weights"])
+
+
+def recorded(store) -> dict:
+    """What a run of two iterations recorded, as the comparison reads it."""
+    candidates = store.get_json(stage_name(1, "explore"), "candidates")
+    audit = store.get_json(stage_name(1, "audit"), "audit")
+    return {"candidates": {k: candidates[k] for k in ("seeds", "rewards")},
+            "seeds": store.get_json(stage_name(1, "selection"), "selection")["seeds"],
+            "rewards": [store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+                        for k in (0, 1)],
+            "audit": {k: audit[k] for k in ("seeds", "prompt_index", "stale", "fresh",
+                                            "kendall_tau")},
+            "weights": store.load_checkpoint(2).weights}

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pipelines.run import tasks
-from pipelines.run.harness import Harness
+from pipelines.run.inprocess import InProcessRun
+from pipelines.run.recording import read_selection
 from pipelines.run.rollout import rollout_task
 from pipelines.run.rollout_store import read_rollout
 from pipelines.run.tasks import stage_name
@@ -35,11 +36,11 @@ def _explored(store, k: int) -> bool:
 
 
 def test_the_harness_trains_on_the_samples_exploration_drew(explored_config):
-    harness = Harness(explored_config, "spotlight")
+    harness = InProcessRun(explored_config, "spotlight")
     try:
         run = harness.run_iterations(3)
         store, prompts = harness.store, harness.prompts(1)
-        selection, source = harness.seeds_for(1, prompts)
+        selection = read_selection(store, harness.log, 1)
         _, kept = read_rollout(store, stage_name(1, "rollout"))
         rewards = store.get_arrays(stage_name(1, "reward"), "reward")["rewards"]
         explored = [_explored(store, k) for k in range(3)]
@@ -97,7 +98,7 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
                    "waits": [(r.explored, r.explore_wait_s) for r in session.results],
                    "tasks": [store.get_json(stage_name(k, "iteration"), "tasks")["tasks"]
                              for k in range(3)]}
-    harness = Harness(explored_config, "spotlight", base_val_reward=0.0)
+    harness = InProcessRun(explored_config, "spotlight", base_val_reward=0.0)
     try:
         harness.run_iterations(3)
         rewards = [harness.store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
@@ -126,12 +127,12 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
 def test_sync_exploration_trains_on_what_the_current_weights_explored(explored_config):
     """Sync explores with θ_k on the critical path: every iteration, the first too, trains on
     those samples (on-policy ones), from the explore-sync stage."""
-    harness = Harness(explored_config, "sync")
+    harness = InProcessRun(explored_config, "sync")
     try:
         run = harness.run_iterations(2)
         explored = [_explored(harness.store, k) for k in range(2)]
         rewards = harness.store.get_arrays(stage_name(1, "reward"), "reward")["rewards"]
-        selection, _ = harness.seeds_for(1, harness.prompts(1))
+        selection = read_selection(harness.store, harness.log, 1)
     finally:
         harness.close()
     assert [it.source for it in run.iterations] == ["sync", "sync"] and explored == [True, True]
@@ -145,11 +146,11 @@ def test_the_planner_explores_every_prompt_when_that_beats_sampling_the_rollout(
     0.9 s budget by 2.7 s. Against a 5 s rollout that exploring every prompt saves, it is
     planned and the next iteration trains on its samples; against a 1 s rollout (or none
     measured) nothing that fits is worth it, and the iteration samples its rollout."""
-    from pipelines.run.harness import TimeModel
+    from spotlight.iteration import TimeModel
 
     config = explored_config.with_values({"planner.enabled": True, "planner.candidates": [6],
                                           "planner.steps": [0]})
-    harness = Harness(config, "spotlight", base_val_reward=0.0,
+    harness = InProcessRun(config, "spotlight", base_val_reward=0.0,
                       time_model=TimeModel(1.0, 0.1, 1, rollout_s))
     try:
         run = harness.run_iterations(2)

@@ -6,11 +6,11 @@ and of the last 10 iterations' weights, and an EMA (0.8) of every iteration's we
 Run from this folder: ``python averaged_weights.py`` (writes averaged-weights.json).
 """
 import collections
-import copy
 import json
 
 from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config
+from spotlight.models.base import base_policy
 from spotlight.rewards import check_rewards
 from spotlight.rl.validation import validate
 
@@ -25,10 +25,10 @@ def mean_of(states):
 
 def main():
     cfg = load_config("learning-val4.yaml", {"pretrain.time_budget_s": 86400.0})
-    run = InProcessRun(cfg, progress=False)
-    probe = copy.deepcopy(run.policy)
+    run = InProcessRun(cfg, "vanilla")   # the iteration program, in this process
+    probe = base_policy(cfg, progress=False)
     history = collections.deque(maxlen=10)
-    ema = {k: v.detach().clone() for k, v in run.policy.state_dict().items()}
+    ema = {k: v.detach().clone() for k, v in run.store.load_checkpoint(0).weights.items()}
 
     def reward_of(state):
         probe.load_state_dict(state)
@@ -36,8 +36,8 @@ def main():
 
     rows = []
     for k in range(max(POINTS)):
-        run.step(k)
-        state = {key: v.detach().clone() for key, v in run.policy.state_dict().items()}
+        run.iteration(k, explore_next=False, validate=False)
+        state = dict(run.store.load_checkpoint(k + 1).weights)
         history.append(state)
         for key, v in state.items():
             if v.is_floating_point():

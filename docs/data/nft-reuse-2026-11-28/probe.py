@@ -6,7 +6,7 @@ import json, sys, time
 from pipelines.bench.bench_modes import objective_settings, session_mode
 from pipelines.bench.convergence import BENCH_SETTINGS
 from pipelines.bench.learning import TASK_CONFIGS
-from pipelines.run.harness import Harness
+from pipelines.run.inprocess import InProcessRun
 from spotlight.config import load_config
 
 out = sys.argv[1]
@@ -22,7 +22,7 @@ for seed in seeds:
         cfg = load_config(TASK_CONFIGS["ocr"], BENCH_SETTINGS).with_values(
             {"seed": seed, **objective_settings(mode)})
         t = time.perf_counter()
-        h = Harness(cfg, session_mode(mode), base_val_reward=base)
+        h = InProcessRun(cfg, session_mode(mode), base_val_reward=base)
         try:
             run = h.run_iterations(15, 5)
         finally:
