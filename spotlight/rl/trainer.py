@@ -1,12 +1,11 @@
-"""Flow-GRPO on a policy adapter: rollout -> reward -> group advantages -> PPO-clipped update.
-
-Each stage is its own method so a task graph can run them on different workers; ``iteration``
-chains them for a single process.
+"""Flow-GRPO on a policy adapter: the PPO-clipped update of a rollout's groups by their
+advantages, and the helpers every stage shares (the prompts and seeds of an iteration, the
+micro-batches of an update). Rollouts, rewards and the order of an iteration's stages are the
+iteration program's (:mod:`spotlight.iteration`) and its executors'.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,9 +14,9 @@ import torch
 from spotlight.config import RunConfig
 from spotlight.models.device import module_device, to_device
 from spotlight.models.prompts import Prompt
-from spotlight.rl.grpo import Advantages, group_advantages, learning_rate, ppo_clipped_loss
+from spotlight.rl.grpo import Advantages, learning_rate, ppo_clipped_loss
 from spotlight.rl.noise import SampleKey, derive_seed, prompt_id
-from spotlight.rl.sampler import Trajectory, sample, transition_distribution
+from spotlight.rl.sampler import Trajectory, transition_distribution
 from spotlight.rl.sde import gaussian_log_prob, kl_to_reference
 
 
@@ -34,21 +33,6 @@ class Rollout:
     trajectory: Trajectory
     images: np.ndarray          # (P*G, 3, H, W) in [0, 1]
     rewards: np.ndarray         # (P, G)
-
-
-@dataclass
-class IterationStats:
-    iteration: int
-    reward_mean: float
-    group_reward_std: float
-    zero_std_groups: int
-    groups: int
-    loss: float = 0.0
-    clip_fraction: float = 0.0
-    approx_kl: float = 0.0
-    kl_to_reference: float = 0.0
-    learning_rate: float = 0.0
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def iteration_prompts(prompts: list[Prompt], iteration: int, count: int, run_seed: int) -> list[Prompt]:
@@ -146,26 +130,7 @@ class FlowGRPO:
         if state is not None:
             self.optimizer.load_state_dict(state)
 
-    # --- stages ----------------------------------------------------------------------------
-    def rollout(self, prompts: list[Prompt], seeds: np.ndarray) -> Rollout:
-        """Sample every (prompt, seed) with the SDE sampler and score it."""
-        flat = [p for p in prompts for _ in range(seeds.shape[1])]
-        keys = sample_keys(self.config.seed, prompts, seeds)
-        self.policy.eval()
-        traj = Trajectory.concat([
-            sample(self.policy, [p.text for p in prompts[c] for _ in range(seeds.shape[1])],
-                   sample_keys(self.config.seed, prompts[c], seeds[c]),
-                   self.config.sampler, mode="sde")
-            for c in rollout_chunks(len(prompts), self.config.grpo.request_prompts)])
-        images = self.policy.decode(traj.final)
-        rewards = self.score(images, flat, "rollout").reshape(seeds.shape)
-        return Rollout(flat, keys, traj, images, rewards)
-
-    def score(self, images: np.ndarray, prompts: list[Prompt], where: str) -> np.ndarray:
-        rewards = np.asarray(self.reward_fn(images, prompts), dtype=np.float64)
-        self.check_rewards(rewards, where)
-        return rewards
-
+    # --- training ---------------------------------------------------------------------------
     def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
         steps = rollout.trajectory.trainable_steps
         k = max(1, int(round(self.config.grpo.timestep_fraction * len(steps))))
@@ -274,18 +239,3 @@ class FlowGRPO:
         totals = torch.tensor([out[k] for k in out], dtype=torch.float64)
         self.peers.all_reduce([p.grad for p in self.parameters] + [totals])
         return dict(zip(out, totals.tolist()))
-
-    # --- one whole iteration in this process ----------------------------------------------------
-    def iteration(self, iteration: int, prompts: list[Prompt], seeds: np.ndarray) -> tuple[IterationStats, Rollout]:
-        t0 = time.monotonic()
-        rollout = self.rollout(prompts, seeds)
-        t1 = time.monotonic()
-        grpo = self.config.grpo
-        advantages = group_advantages(rollout.rewards, global_std=grpo.global_std, clip=grpo.adv_clip_max)
-        train_stats = self.train(rollout, advantages, iteration)
-        t2 = time.monotonic()
-        stats = IterationStats(
-            iteration=iteration, reward_mean=float(rollout.rewards.mean()),
-            group_reward_std=float(advantages.group_std.mean()), zero_std_groups=advantages.dropped,
-            groups=len(prompts), seconds={"rollout": t1 - t0, "train": t2 - t1}, **train_stats)
-        return stats, rollout

@@ -10,6 +10,7 @@ from spotlight.rl.grpo import group_advantages
 from spotlight.rl.nft import noised
 from spotlight.rl.objectives import ForwardProcessTrainer, build_trainer
 from spotlight.rl.trainer import FlowGRPO, iteration_prompts, random_seeds
+from tests.rl.loop import sample_group, update
 from tests.rl.test_trainer import brightness
 
 
@@ -36,7 +37,7 @@ def test_the_first_step_starts_at_the_sampling_policy_and_moves_it(nft_config):
         policy = DigitsPolicy(nft_config.model, 12, 32)
         before = {k: v.clone() for k, v in policy.state_dict().items()}
         trainer = ForwardProcessTrainer(nft_config, policy, brightness, check_rewards)
-        stats, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
+        stats, _ = update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
         assert stats.approx_kl == 0.0 and stats.loss > 0.0
         assert any(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
         results.append(policy.state_dict())
@@ -48,7 +49,7 @@ def test_nft_leaves_zero_spread_groups_untrained(nft_config):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     trainer = build_trainer(nft_config, policy, lambda im, p: np.full(len(p), 0.5), check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
-    stats, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
+    stats, _ = update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
     assert stats.zero_std_groups == 2 and stats.loss == 0.0
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
 
@@ -59,12 +60,12 @@ def test_nft_raises_a_simple_reward(nft_config):
                             check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")
     probe_seeds = random_seeds(99, 0, 2, 4)
-    before = trainer.rollout(prompts[:2], probe_seeds).rewards.mean()
+    before = sample_group(trainer, prompts[:2], probe_seeds).rewards.mean()
     for k in range(8):
-        stats, _ = trainer.iteration(k, iteration_prompts(prompts, k, 2, 0),
+        stats, _ = update(trainer, k, iteration_prompts(prompts, k, 2, 0),
                                      random_seeds(0, k, 2, 4))
         assert np.isfinite(stats.loss)
-    after = trainer.rollout(prompts[:2], probe_seeds).rewards.mean()
+    after = sample_group(trainer, prompts[:2], probe_seeds).rewards.mean()
     assert after > before + 0.02, (before, after)
 
 
@@ -81,7 +82,7 @@ def test_v_old_is_the_sampling_policys_velocity_and_only_later_rows_need_a_pass_
     sampling = DigitsPolicy(config.model, 12, 32)
     sampling.load_state_dict(policy.state_dict())
     trainer = ForwardProcessTrainer(config, policy, brightness, check_rewards)
-    rollout = trainer.rollout(prompts, random_seeds(0, 0, 2, 4))
+    rollout = sample_group(trainer, prompts, random_seeds(0, 0, 2, 4))
     advantages = group_advantages(rollout.rewards, global_std=False, clip=5.0)
     assert advantages.kept.all()
     rows_without_grad = []

@@ -6,6 +6,7 @@ from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import check_rewards
 from spotlight.rl.trainer import FlowGRPO, iteration_prompts, random_seeds
+from tests.rl.loop import sample_group, update
 
 
 def brightness(images, prompts):
@@ -25,12 +26,12 @@ def test_grpo_raises_a_simple_reward(trainer):
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")
     probe_prompts = prompts[:2]
     probe_seeds = random_seeds(99, 0, 2, 4)
-    before = trainer.rollout(probe_prompts, probe_seeds).rewards.mean()
+    before = sample_group(trainer, probe_prompts, probe_seeds).rewards.mean()
     for k in range(8):
         chosen = iteration_prompts(prompts, k, 2, 0)
-        stats, _ = trainer.iteration(k, chosen, random_seeds(0, k, 2, 4))
+        stats, _ = update(trainer, k, chosen, random_seeds(0, k, 2, 4))
         assert stats.groups == 2 and np.isfinite(stats.loss)
-    after = trainer.rollout(probe_prompts, probe_seeds).rewards.mean()
+    after = sample_group(trainer, probe_prompts, probe_seeds).rewards.mean()
     assert after > before + 0.02, (before, after)
 
 
@@ -40,8 +41,8 @@ def test_kl_to_reference_is_zero_before_any_update_and_grows_after(tiny_config):
     tiny_config = tiny_config.with_values({"grpo.beta_kl": 0.1, "grpo.micro_batch": 8})
     trainer = FlowGRPO(tiny_config, DigitsPolicy(tiny_config.model, 12, 32), brightness, check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
-    first, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
-    second, _ = trainer.iteration(1, prompts, random_seeds(0, 1, 2, 4))
+    first, _ = update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
+    second, _ = update(trainer, 1, prompts, random_seeds(0, 1, 2, 4))
     assert first.kl_to_reference < 1e-6 < second.kl_to_reference
 
 
@@ -50,7 +51,7 @@ def test_zero_spread_groups_are_dropped_and_counted(tiny_config):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     trainer = FlowGRPO(tiny_config, policy, lambda im, p: np.full(len(p), 0.5), check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
-    stats, _ = trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
+    stats, _ = update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
     assert stats.zero_std_groups == 2 and stats.loss == 0.0
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
 
@@ -68,7 +69,7 @@ def test_non_finite_rewards_are_refused_before_any_update(tiny_config, bad):
     trainer = FlowGRPO(tiny_config, policy, broken, check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     with pytest.raises(ValueError, match=r"rollout: rewards of samples \[3:"):
-        trainer.iteration(0, prompts, random_seeds(0, 0, 2, 4))
+        update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
 
 
@@ -78,6 +79,6 @@ def test_the_decayed_learning_rate_is_the_one_the_optimizer_steps_with(trainer):
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     seen = []
     for k in (0, 2, 6):
-        trainer.iteration(k, prompts, random_seeds(0, k, 2, 4))
+        update(trainer, k, prompts, random_seeds(0, k, 2, 4))
         seen.append(trainer.optimizer.param_groups[0]["lr"])
     assert seen == pytest.approx([3e-3, 3e-3 * 0.625, 3e-3 * 0.25])
