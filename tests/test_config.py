@@ -2,8 +2,16 @@ import dataclasses
 
 import pytest
 
-from spotlight.config import (PROJECT_ROOT, ConfigError, ConfigWarning, GRPOConfig, PlannerConfig,
-                              RunConfig, load_config, parse_override)
+from spotlight.config import (
+    PROJECT_ROOT,
+    ConfigError,
+    ConfigWarning,
+    GRPOConfig,
+    PlannerConfig,
+    RunConfig,
+    load_config,
+    parse_override,
+)
 from spotlight.exploration.planner import ExplorationPlanner
 
 

@@ -248,7 +248,7 @@ def register_everywhere(client, plugin) -> None:
     """Register a worker plugin; a worker that cannot be reached (cut off by a partition) does
     not stop the run. The scheduler keeps the plugin before it sends it out, so workers that
     join later get it; the unreachable one is found out by its requests' silence."""
-    from distributed.comm.core import CommClosedError   # distributed loads lazily here
+    from distributed.comm.core import CommClosedError  # distributed loads lazily here
 
     try:
         client.register_plugin(plugin)

@@ -19,15 +19,34 @@ from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
-from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
+from spotlight.scheduling.dispatch import (
+    Assign,
+    AttemptOvertaken,
+    Cancel,
+    Dispatcher,
+    GaveUp,
+    Ignored,
+    NoticeReceived,
+    Offload,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestsSubmitted,
+    RequestState,
+    Requeued,
+    ResultLost,
+    Retired,
+    StageClosed,
+    Starved,
+    Tick,
+    WorkerJoined,
+    WorkerLost,
+    WorkerState,
+)
 from spotlight.scheduling.dispatch_events import event_record
 from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
-from spotlight.scheduling.dispatch import (AttemptOvertaken, Assign, Cancel, Dispatcher, GaveUp,
-                                           Ignored, Offload, NoticeReceived, RequestDone, RequestPreempted,
-                                           RequestProgressed, RequestState, RequestsSubmitted,
-                                           Requeued, ResultLost, Retired, StageClosed, Starved,
-                                           Tick, WorkerJoined, WorkerLost, WorkerState)
+from storage import StreamOvertakenError
 
 EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around

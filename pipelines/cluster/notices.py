@@ -17,9 +17,18 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable
 
-from spotlight.scheduling.notice import (AWS_TOKEN_URL, AWS_URL, AZURE_URL, GCP_URL,
-                                         VALID_SOURCES, NoNotice, Notice, aws_notice,
-                                         azure_notice, gcp_notice)
+from spotlight.scheduling.notice import (
+    AWS_TOKEN_URL,
+    AWS_URL,
+    AZURE_URL,
+    GCP_URL,
+    VALID_SOURCES,
+    NoNotice,
+    Notice,
+    aws_notice,
+    azure_notice,
+    gcp_notice,
+)
 
 _MAX_BODY = 1 << 16
 # Link-local / internal metadata services must never go through an HTTP proxy.

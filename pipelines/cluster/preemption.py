@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from spotlight.config import PreemptionConfig
 from pipelines.cluster.notices import build_sources, first_notice
+from spotlight.config import PreemptionConfig
 from spotlight.scheduling.notice import Notice
 
 NOTICE_TOPIC = "spotlight-preemption"

@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+
 from pipelines.cluster.dask_log import LOG_ENV, route_to_file
 from pipelines.cluster.runtime import PLUGIN_NAME, WorkerRuntime
 

@@ -16,8 +16,8 @@ from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_li
 from pipelines.front.html_report import write_report
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
-from pipelines.observe.validation_grid import validation_labels
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
+from pipelines.observe.validation_grid import validation_labels
 from spotlight.config import RunConfig
 
 

@@ -17,18 +17,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import (ClusterError, ClusterHandle, ClusterLostError, check_shape,
-                               open_cluster, register_worker_setup)
+from pipelines.cluster import (
+    ClusterError,
+    ClusterHandle,
+    ClusterLostError,
+    check_shape,
+    open_cluster,
+    register_worker_setup,
+)
 from pipelines.cluster.connect import register_everywhere
 from pipelines.cluster.dask_log import run_log_file
-from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
 from pipelines.observe import Observers, build_observers
 from pipelines.observe.run_view import RunView
+from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.run.tasks import stage_name
-from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
-                              load_config)
+from spotlight.config import (
+    ConfigError,
+    RunConfig,
+    check_files,
+    config_hash,
+    from_stored,
+    load_config,
+)
 from spotlight.models.base import base_policy, check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of

@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pipelines.parallel.groups import LOSS_GRACE_S, ExecutorGone, SPGroups, live_workers
-from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
-                                           WorkerJoined, WorkerLost)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    Dispatcher,
+    RequestDone,
+    RequestsSubmitted,
+    WorkerJoined,
+    WorkerLost,
+)
 
 FETCH_TIMEOUT_S = 5.0   # fetching a finished answer; past it, its worker may have died holding it
 

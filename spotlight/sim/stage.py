@@ -14,10 +14,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, NoticeReceived, Offload,
-                                           RequestDone, RequestPreempted, RequestProgressed,
-                                           RequestState, RequestsSubmitted, StageClosed,
-                                           WorkerJoined, WorkerLost)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    Cancel,
+    Dispatcher,
+    NoticeReceived,
+    Offload,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestsSubmitted,
+    RequestState,
+    StageClosed,
+    WorkerJoined,
+    WorkerLost,
+)
 from spotlight.sim.clock import Clock
 from spotlight.sim.config import TimingConfig
 from spotlight.sim.fleet import Fleet, Unit

@@ -1,6 +1,6 @@
 """The cloud metadata plugin: each cloud's documented reply sets the worker's class, on a real
 Dask worker, and a spot worker acts on the same service's termination notice. Against a
-loopback HTTP server (tests/pipelines/test_notices.py's), no cloud and no internet."""
+loopback HTTP server (tests/conftest.py's `server`), no cloud and no internet."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,17 @@ import pytest
 from distributed import Client, Scheduler, Worker
 
 from pipelines.cluster import cloud_class
-from pipelines.cluster.cloud_class import (CLASS_PATHS, CloudClassSettings, Decision, Found,
-                                           classify, cloud_class_plugin, decide)
+from pipelines.cluster.cloud_class import (
+    CLASS_PATHS,
+    CloudClassSettings,
+    Decision,
+    Found,
+    classify,
+    cloud_class_plugin,
+    decide,
+)
 from pipelines.cluster.preemption import NOTICE_TOPIC, noticed, reset_notice
-from tests.pipelines.test_notices import ACTION, AZURE, GCP, TOKEN, server  # noqa: F401
+from tests.pipelines.test_notices import ACTION, AZURE, GCP, TOKEN
 
 LIFE_CYCLE, PREEMPTIBLE, COMPUTE = CLASS_PATHS["aws"], CLASS_PATHS["gcp"], CLASS_PATHS["azure"]
 AWS_TOKEN = "imds-session-token"

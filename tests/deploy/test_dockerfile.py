@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 from pipelines.deploy.cli import CUDA_BUILD_ARG
 from pipelines.deploy.kubernetes import PROVIDERS, KubeOptions, scheduler_args, worker_args

@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.deploy.kubernetes import (API_VERSION, PRELOAD, PROVIDERS, TLS_FILES, TLS_MOUNT,
-                                         KubeOptions, SpotNodes, manifests,
-                                         write_manifests)
+from pipelines.deploy.kubernetes import (
+    API_VERSION,
+    PRELOAD,
+    TLS_FILES,
+    TLS_MOUNT,
+    KubeOptions,
+    SpotNodes,
+    manifests,
+    write_manifests,
+)
 from tests.deploy.conftest import scheduler_options, worker_options
 
 

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from spotlight.config import ConfigError, FidelityConfig
-from spotlight.exploration.fidelity import (FALLBACK, TRUSTING, RankFidelityMonitor, audit_due,
-                                            audit_picks, grouped_kendall_tau, kendall_tau)
+from spotlight.exploration.fidelity import (
+    FALLBACK,
+    TRUSTING,
+    RankFidelityMonitor,
+    audit_due,
+    audit_picks,
+    grouped_kendall_tau,
+    kendall_tau,
+)
 from spotlight.exploration.selection import max_variance_subset
 
 

@@ -5,8 +5,12 @@ import numpy as np
 import pytest
 
 from spotlight.config import ConfigError, PlannerConfig
-from spotlight.exploration.planner import (ExplorationPlanner, exploration_window_s, plan_cost,
-                                          predict_train_seconds)
+from spotlight.exploration.planner import (
+    ExplorationPlanner,
+    exploration_window_s,
+    plan_cost,
+    predict_train_seconds,
+)
 
 PROMPTS, GROUP, ROLLOUT_STEPS = 16, 8, 10
 

@@ -2,8 +2,15 @@
 import numpy as np
 import pytest
 
-from pipelines.bench.bench_modes import (baseline_of, known_mode, objective_settings,
-                                         planned_ratio, session_mode, split_mode, stale_of)
+from pipelines.bench.bench_modes import (
+    baseline_of,
+    known_mode,
+    objective_settings,
+    planned_ratio,
+    session_mode,
+    split_mode,
+    stale_of,
+)
 from pipelines.bench.convergence import bench_convergence
 from pipelines.bench.convergence_report import best_baseline, speedup_by_mode
 

@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotlight.config import PROJECT_ROOT as ROOT
-
 from spotlight import main
+from spotlight.config import PROJECT_ROOT as ROOT
 from tests.pipelines.conftest import run_quick_bench, spotlight_cli
 
 TINY = {

@@ -1,19 +1,25 @@
-"""Preemption notice sources against a real loopback HTTP server (no sleeps, no internet)."""
+"""Preemption notice sources against a real loopback HTTP server (tests/conftest.py's `server`;
+no sleeps, no internet)."""
 from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipelines.cluster.notices import (AwsNotice, AzureNotice, FileNotice, GcpNotice, NoticeSource,
-                               build_sources, first_notice)
+from pipelines.cluster.notices import (
+    AwsNotice,
+    AzureNotice,
+    FileNotice,
+    GcpNotice,
+    NoticeSource,
+    build_sources,
+    first_notice,
+)
 from spotlight.scheduling.notice import AWS_URL, AZURE_URL, GCP_URL, VALID_SOURCES, Notice
 
 ACTION = "/latest/meta-data/spot/instance-action"
@@ -22,55 +28,6 @@ GCP = "/computeMetadata/v1/instance/preempted"
 AZURE = "/metadata/scheduledevents?api-version=2020-07-01"
 
 
-class FakeMetadata:
-    """Routes (method, path) -> (status, body, {header: required value}); records every request
-    (header names lower-cased: urllib title-cases them on the wire)."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], tuple[int, str, dict[str, str]]] = {}
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self.base = ""
-
-    def route(self, method: str, path: str, status: int, body: str = "", require=None) -> None:
-        self.routes[(method, path)] = (status, body, require or {})
-
-    def seen(self, method: str, path: str) -> list[dict[str, str]]:
-        return [h for m, p, h in self.requests if (m, p) == (method, path)]
-
-
-@pytest.fixture
-def server():
-    fake = FakeMetadata()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            fake.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
-            status, body, require = fake.routes.get((self.command, self.path), (404, "not found", {}))
-            missing = [k for k, v in require.items() if self.headers.get(k) != v]
-            if missing:  # metadata servers refuse requests without their marker header
-                status, body = (401 if "X-aws-ec2-metadata-token" in missing else 403), f"missing {missing}"
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PUT = _serve
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    fake.base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
-        yield fake
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def _epoch(*args) -> float:

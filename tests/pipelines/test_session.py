@@ -14,11 +14,10 @@ import pytest
 import torch
 import xarray as xr
 
-from spotlight.exploration.fidelity import grouped_kendall_tau
-
 from pipelines.cluster import ClusterError
 from pipelines.front.session import Session
 from spotlight.config import ConfigError, load_config
+from spotlight.exploration.fidelity import grouped_kendall_tau
 from storage import RunStore
 
 pytestmark = pytest.mark.timeout(600)

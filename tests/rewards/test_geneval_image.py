@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.rewards.geneval_image import (Box, by_class, clause_results, geneval_image_score,
-                                             relations)
+from spotlight.rewards.geneval_image import (
+    Box,
+    by_class,
+    clause_results,
+    geneval_image_score,
+    relations,
+)
 
 
 def box(label, x, y, w=10.0, h=10.0, score=0.9):

@@ -34,8 +34,13 @@ def detector_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor,
-                              PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        CLIPProcessor,
+        PreTrainedTokenizerFast,
+    )
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("clip")

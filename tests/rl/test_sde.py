@@ -6,10 +6,21 @@ import torch
 from spotlight.config import SamplerConfig
 from spotlight.models.policy import DigitsPolicy
 from spotlight.rl.noise import SampleKey, batch_noise
-from spotlight.rl.sampler import (sample, step_grid, step_kinds, trainable_steps,
-                                   transition_distribution)
-from spotlight.rl.sde import (cps_step, flow_sde_step, gaussian_log_prob, kl_to_reference,
-                              ode_step, sigma_schedule)
+from spotlight.rl.sampler import (
+    sample,
+    step_grid,
+    step_kinds,
+    trainable_steps,
+    transition_distribution,
+)
+from spotlight.rl.sde import (
+    cps_step,
+    flow_sde_step,
+    gaussian_log_prob,
+    kl_to_reference,
+    ode_step,
+    sigma_schedule,
+)
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import uuid
 import pytest
 
 from storage import StorageConfig
-from storage.conditional import (WriteConflict, create_exclusive, read_versioned, replace_if)
-from storage.urls import check_reachable, open_location as _open_location
+from storage.conditional import WriteConflict, create_exclusive, read_versioned, replace_if
+from storage.urls import check_reachable
+from storage.urls import open_location as _open_location
 
 
 def open_location(config: StorageConfig):

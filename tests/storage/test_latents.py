@@ -6,9 +6,16 @@ import threading
 import numpy as np
 import pytest
 
+from storage import (
+    CorruptObjectError,
+    NotCommittedError,
+    ResumePoint,
+    RunStore,
+    SinkClosedError,
+    StorageError,
+    StreamOvertakenError,
+)
 from storage.attempts import FIRST, Attempt
-from storage import (CorruptObjectError, NotCommittedError, ResumePoint, RunStore,
-                     SinkClosedError, StorageError, StreamOvertakenError)
 
 STAGE = "iter-3/rollout"
 SHAPE = (12, 4)  # (tokens, channels)
