@@ -30,7 +30,8 @@ from .sink import LatentSink
 
 __all__ = [
     "Checkpoint", "CheckpointStore", "CorruptObjectError", "LatentSink", "LatentStreams",
-    "Manifest", "NotCommittedError", "PromptEmbeddings", "ResumePoint", "RewardTable", "RunStore", "SinkClosedError",
+    "Manifest", "NotCommittedError", "PromptEmbeddings", "ResumePoint", "RewardTable", "RunStore",
+    "SinkClosedError",
     "StorageConfig", "StorageError", "StoragePermanentError", "StorageUnavailableError",
     "StreamOvertakenError", "iteration_dir",
     "stage_iteration", "stage_key",

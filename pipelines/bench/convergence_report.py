@@ -110,8 +110,9 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in modes
                if not planned_ratio(m)}
     its = {m: figures[m]["censored"] for m in modes}
-    s_per_it, times = iteration_times(saved, modes, cluster, done, its,
-                                      config.cluster.spot_workers * config.cluster.threads_per_worker)
+    s_per_it, times = iteration_times(
+        saved, modes, cluster, done, its,
+        config.cluster.spot_workers * config.cluster.threads_per_worker)
 
     by_mode = speedup_by_mode(modes, times, its)
     product = by_mode.get(facts.get("product", "spotlight"), {})

@@ -192,7 +192,8 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
         return float(np.percentile(xs, q)) if xs else None
 
     return {"lost_steps_per_preemption": {"hard": float(np.mean(hard)) if hard else None,
-                                          "graceful": float(np.mean(graceful)) if graceful else None,
+                                          "graceful": (float(np.mean(graceful)) if graceful
+                                                       else None),
                                           "hard_each": hard, "graceful_each": graceful},
             "recovery_s": {"p50": pct(recovery, 50), "p95": pct(recovery, 95), "n": len(recovery)},
             # A spot worker joining mid-stage: from being seen to its first request (it loads

@@ -125,7 +125,8 @@ class PreemptionInjector:
                  *, on_event: EventFn | None = None) -> None:
         cap = cluster_config.spot_workers
         if cap < 1:
-            raise ClusterError("preemption injection needs spot workers; set cluster.spot_workers ≥ 1")
+            raise ClusterError("preemption injection needs spot workers; set "
+                               "cluster.spot_workers ≥ 1")
         self.fleet = SpotFleet(handle, cluster_config, self._note)
         self.config = config
         self.trace = injection_trace(config, cap)

@@ -1,4 +1,5 @@
-"""What every Spotlight worker process needs, whether the embedded cluster or ``dask worker`` started it.
+"""What every Spotlight worker process needs, whether the embedded cluster or ``dask worker``
+started it.
 
 A worker plugin registered by the session (so workers that join later get it too):
 

@@ -34,7 +34,8 @@ def run_demo(config: RunConfig, iterations: int | None = None,
     config = config.with_values({"iterations": iterations})
     print(f"spotlight demo: task={config.world.task} mode={config.mode} config={config.source} "
           f"iterations={iterations}")
-    with Session.from_config(config, store=store, on_event=ConsoleProgress(), progress=True) as session:
+    with Session.from_config(config, store=store, on_event=ConsoleProgress(),
+                             progress=True) as session:
         print(f"run store: {session.url}")
         if dask_log_line(session):
             print(dask_log_line(session))

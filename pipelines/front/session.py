@@ -79,7 +79,8 @@ class Session:
             self.injector = PreemptionInjector(
                 cluster, config.injector, config.cluster,
                 on_event=lambda kind, info: self.driver.emit(kind, **info)).start()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
         self.warm_up_futures = self.driver.warm_up()   # workers load weights while the driver plans
@@ -88,11 +89,12 @@ class Session:
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, path: str | Path | RunConfig, client: Any = None, store: str | RunStore | None = None,
-                    *, overrides: dict | None = None, mode: str | None = None,
-                    on_event: EventFn | None = None, progress: bool = False,
-                    store_options: dict | None = None) -> "Session":
-        """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an embedded one."""
+    def from_config(cls, path: str | Path | RunConfig, client: Any = None,
+                    store: str | RunStore | None = None, *, overrides: dict | None = None,
+                    mode: str | None = None, on_event: EventFn | None = None,
+                    progress: bool = False, store_options: dict | None = None) -> "Session":
+        """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an
+        embedded one."""
         if isinstance(path, RunConfig):
             config = path.with_values(overrides) if overrides else path
             check_files(config)
@@ -163,7 +165,8 @@ class Session:
                  lease: DriverLease) -> "Session":
         info = store.manifest.read().get("run", {})
         if "config" not in info:
-            raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")
+            raise ConfigError(f"{store.url} has no recorded config; it was not started by a "
+                              "Session")
         config = from_stored(info["config"], info.get("source", store.url))
         changes: dict[str, Any] = {"mode": info.get("mode", config.mode)}
         if scheduler is not None:
@@ -250,7 +253,8 @@ class Session:
 
     @property
     def history(self):
-        """Per-iteration metrics as a pandas DataFrame indexed by iteration (``.to_xarray()`` works)."""
+        """Per-iteration metrics as a pandas DataFrame indexed by iteration (``.to_xarray()``
+        works)."""
         import pandas as pd
 
         rows = [r.to_record() | {"wall_s": r.wall_s} for r in self.results]
@@ -262,7 +266,8 @@ class Session:
         return self.view.tasks()
 
     def val_curve(self) -> list[dict]:
-        """Validation reward by iteration (0 = the base model), with wall seconds since the start."""
+        """Validation reward by iteration (0 = the base model), with wall seconds since the
+        start."""
         return self.view.val_curve()
 
     @property

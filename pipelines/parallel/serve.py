@@ -32,7 +32,8 @@ class Served:
     """What serving the requests did."""
 
     results: dict = field(default_factory=dict)        # request -> rank 0's result
-    resumed_from: dict = field(default_factory=dict)   # request -> the step its last attempt began at
+    # request -> the step its last attempt began at
+    resumed_from: dict = field(default_factory=dict)
     attempts: dict = field(default_factory=dict)       # request -> attempts started
     losses: int = 0
 

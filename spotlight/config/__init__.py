@@ -49,9 +49,10 @@ from spotlight.config.tracking import TrackingConfig, check_trackers
 from spotlight.modes import MODE_NAMES, MODES, Mode, mode_of
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
-           "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
-           "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
-           "ModelConfig", "ObjectiveConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
+           "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES",
+           "ClusterConfig", "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig",
+           "InjectorConfig", "ModelConfig", "ObjectiveConfig", "ParallelConfig", "PlannerConfig",
+           "PreemptionConfig", "PretrainConfig", "RewardConfig",
            "SamplerConfig", "TLSConfig", "TrackingConfig", "ValidationConfig", "WorldConfig"]
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.

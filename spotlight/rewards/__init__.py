@@ -4,10 +4,10 @@
 [0, 1]`` with a ``recognizer_accuracy`` property. On the digits world, ``ocr`` is Flow-GRPO's
 OCR score of the string read off a canvas (``ocr-dense`` adds the recogniser's belief in each
 target glyph, a reward that ranks canvases no one can read yet) and ``geneval`` GenEval's
-count/colour/position checks as partial credit, both read with a classical detector (``detect``) and a small CNN
-(``recognizer``). On real images, ``ocr-text`` reads with an OCR engine (PP-OCR, or a
-vision-language model) and ``geneval-image`` scores GenEval's clauses on a transformers
-detector's boxes.
+count/colour/position checks as partial credit, both read with a classical detector
+(``detect``) and a small CNN (``recognizer``). On real images, ``ocr-text`` reads with an OCR
+engine (PP-OCR, or a vision-language model) and ``geneval-image`` scores GenEval's clauses on a
+transformers detector's boxes.
 """
 from __future__ import annotations
 

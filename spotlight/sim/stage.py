@@ -67,7 +67,8 @@ class StageStats:
     done_sample_steps: int = 0        # their images x steps: seconds per sample-step measured
     hard_preemptions: int = 0
     graceful_preemptions: int = 0
-    spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # unit, start, end, outcome
+    # unit, start, end, outcome
+    spans: list[tuple[str, float, float, str]] = field(default_factory=list)
 
 
 class RequestStage:
