@@ -19,8 +19,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
-# `ruff check` ([tool.ruff] in pyproject.toml: pycodestyle, pyflakes, import order); a few
-# seconds, so `make test` runs it first. Not the formatter: `ruff format` would push dozens of
+# `ruff check` ([tool.ruff] in pyproject.toml: pycodestyle, pyflakes, import order) takes under
+# a second, so `make test` runs it first. Not `ruff format`: at line length 100 it would push 36
 # modules and functions over the size limits tests/test_code_shape.py enforces.
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -13,7 +13,8 @@ from spotlight.config import ModelConfig, load_config
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
-    """Tests never read or write the user's cache; recogniser/base models are trained once per session."""
+    """Tests never read or write the user's cache; recogniser/base models are trained once per
+    session."""
     path = tmp_path_factory.mktemp("spotlight-cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOTLIGHT_CACHE", str(path))
@@ -22,7 +23,8 @@ def private_cache(tmp_path_factory):
     mp.undo()
 
 
-TINY_MODEL = dict(num_layers=1, num_attention_heads=1, attention_head_dim=16, text_dim=16, text_layers=1)
+TINY_MODEL = dict(num_layers=1, num_attention_heads=1, attention_head_dim=16, text_dim=16,
+                  text_layers=1)
 
 
 @pytest.fixture
@@ -105,11 +107,14 @@ def server():
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
-            fake.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
-            status, body, require = fake.routes.get((self.command, self.path), (404, "not found", {}))
+            fake.requests.append((self.command, self.path,
+                                  {k.lower(): v for k, v in self.headers.items()}))
+            status, body, require = fake.routes.get((self.command, self.path),
+                                                    (404, "not found", {}))
             missing = [k for k, v in require.items() if self.headers.get(k) != v]
             if missing:  # metadata servers refuse requests without their marker header
-                status, body = (401 if "X-aws-ec2-metadata-token" in missing else 403), f"missing {missing}"
+                status = 401 if "X-aws-ec2-metadata-token" in missing else 403
+                body = f"missing {missing}"
             data = body.encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
@@ -123,7 +128,8 @@ def server():
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     fake.base = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:

@@ -91,7 +91,8 @@ def test_each_group_is_its_worker_class_on_its_own_nodes(generated):
 def test_worker_command_lines_parse_as_dask_worker_with_class_plugin_and_tls(generated, pki):
     (cluster, spot), _, _ = generated
     folder = Path(pki.ca_file).parent
-    for group, worker_class in ((cluster["spec"]["worker"], "gpu"), (spot["spec"]["worker"], "spot")):
+    for group, worker_class in ((cluster["spec"]["worker"], "gpu"),
+                                (spot["spec"]["worker"], "spot")):
         container = _container(group)
         assert container["args"][:2] == ["dask", "worker"]
         options = worker_options(_mounted(container["args"][2:], folder))

@@ -85,7 +85,8 @@ def test_the_budget_figure_holds_each_objectives_planned_capacities_in_order(tmp
                                                   "speedup_vs_vanilla": ratio(2.2)})]
     assert labels[0] == "time: vanilla / nft-spotlight"
     assert "time: nft-vanilla / nft-spotlight" in labels
-    assert "time: vanilla / spotlight" in labels and labels.count("time: vanilla / nft-spotlight") == 1
+    assert "time: vanilla / spotlight" in labels
+    assert labels.count("time: vanilla / nft-spotlight") == 1
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -66,19 +66,24 @@ def test_aws_past_deadline_floors_at_zero(server):
 
 
 def test_aws_imdsv2_token_is_sent(server):
-    server.route("PUT", TOKEN, 200, "secret-token", require={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-    server.route("GET", ACTION, 200, json.dumps({"action": "hibernate", "time": "2026-11-22T12:00:00Z"}),
+    server.route("PUT", TOKEN, 200, "secret-token",
+                 require={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    server.route("GET", ACTION, 200,
+                 json.dumps({"action": "hibernate", "time": "2026-11-22T12:00:00Z"}),
                  require={"X-aws-ec2-metadata-token": "secret-token"})
     notice = _aws(server, clock=lambda: _epoch(2026, 11, 22, 12, 0, 0)).check()
     assert notice is not None and "hibernate" in notice.reason
-    assert [h.get("x-aws-ec2-metadata-token-ttl-seconds") for h in server.seen("PUT", TOKEN)] == ["60"]
-    assert [h.get("x-aws-ec2-metadata-token") for h in server.seen("GET", ACTION)] == ["secret-token"]
+    assert [h.get("x-aws-ec2-metadata-token-ttl-seconds")
+            for h in server.seen("PUT", TOKEN)] == ["60"]
+    assert [h.get("x-aws-ec2-metadata-token")
+            for h in server.seen("GET", ACTION)] == ["secret-token"]
 
 
 @pytest.mark.parametrize("token_status", [404, 405])
 def test_aws_falls_back_to_imdsv1_without_token(server, token_status):
     server.route("PUT", TOKEN, token_status, "no tokens here")
-    server.route("GET", ACTION, 200, json.dumps({"action": "terminate", "time": "2026-11-22T12:00:00Z"}))
+    server.route("GET", ACTION, 200,
+                 json.dumps({"action": "terminate", "time": "2026-11-22T12:00:00Z"}))
     notice = _aws(server, clock=lambda: _epoch(2026, 11, 22, 11, 59, 30)).check()
     assert notice is not None and notice.deadline_s == 30.0
     (headers,) = server.seen("GET", ACTION)
@@ -146,7 +151,8 @@ def _event(kind: str, not_before: str = "Mon, 19 Sep 2016 18:29:47 GMT") -> dict
 def test_azure_preempt_gives_notice_with_deadline(server):
     server.route("GET", AZURE, 200, _azure_events(_event("Freeze"), _event("Preempt")),
                  require={"Metadata": "true"})
-    src = AzureNotice(server.base + AZURE, timeout_s=2.0, clock=lambda: _epoch(2016, 9, 19, 18, 29, 17))
+    src = AzureNotice(server.base + AZURE, timeout_s=2.0,
+                      clock=lambda: _epoch(2016, 9, 19, 18, 29, 17))
     notice = src.check()
     assert notice is not None and notice.source == "azure"
     assert notice.deadline_s == 30.0
@@ -220,7 +226,8 @@ def test_file_notice_before_and_after(tmp_path):
 # --- build_sources / first_notice --------------------------------------------------------------
 
 def test_build_sources_defaults_and_sigterm_skipped(tmp_path):
-    sources = build_sources(["sigterm", "file", "aws", "gcp", "azure"], file_path=str(tmp_path / "x"))
+    sources = build_sources(["sigterm", "file", "aws", "gcp", "azure"],
+                            file_path=str(tmp_path / "x"))
     assert [type(s) for s in sources] == [FileNotice, AwsNotice, GcpNotice, AzureNotice]
     assert [s.name for s in sources] == ["file", "aws", "gcp", "azure"]
     assert (sources[1].url, sources[2].url, sources[3].url) == (AWS_URL, GCP_URL, AZURE_URL)
@@ -230,7 +237,8 @@ def test_build_sources_defaults_and_sigterm_skipped(tmp_path):
 def test_build_sources_custom_urls(server):
     server.route("PUT", TOKEN, 200, "tok")
     server.route("GET", ACTION, 404)
-    aws, gcp = build_sources(["aws", "gcp"], aws_url=server.base + ACTION, gcp_url=server.base + GCP)
+    aws, gcp = build_sources(["aws", "gcp"], aws_url=server.base + ACTION,
+                             gcp_url=server.base + GCP)
     assert aws.token_url == server.base + TOKEN  # the token comes from the same (mock) host
     assert gcp.url == server.base + GCP
     assert aws.check() is None and aws.last_error is None
