@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install mutation clean
+.PHONY: demo test lint install mutation clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -19,9 +19,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotlight demo --config configs/digits.yaml
 
-# One test process: with two (pytest-xdist, -n 2 --dist loadfile) the whole suite took 35 min
-# against about 40 serial, and the SP chaos test slowed to 14 of its 15 allowed minutes.
+# `ruff check` ([tool.ruff] in pyproject.toml: pycodestyle, pyflakes, import order) takes under
+# a second, so `make test` runs it first. Not `ruff format`: at line length 100 it would push 36
+# modules and functions over the size limits tests/test_code_shape.py enforces.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Lint first, then one test process: with two (pytest-xdist, -n 2 --dist loadfile) the whole
+# suite took 35 min against about 40 serial, and the SP chaos test slowed to 14 of its 15
+# allowed minutes.
 test: $(STAMP)
+	$(MAKE) lint
 	$(BIN)/python -m pytest -q --durations=20
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import StorageConfig
-from .errors import (CorruptObjectError, NotCommittedError, SinkClosedError, StorageError,
-                     StoragePermanentError, StorageUnavailableError, StreamOvertakenError)
+from .errors import (
+    CorruptObjectError,
+    NotCommittedError,
+    SinkClosedError,
+    StorageError,
+    StoragePermanentError,
+    StorageUnavailableError,
+    StreamOvertakenError,
+)
 from .latents import LatentStreams, ResumePoint
 from .manifest import Manifest, iteration_dir, stage_iteration, stage_key
 from .prompts import PromptEmbeddings
@@ -23,7 +30,8 @@ from .sink import LatentSink
 
 __all__ = [
     "Checkpoint", "CheckpointStore", "CorruptObjectError", "LatentSink", "LatentStreams",
-    "Manifest", "NotCommittedError", "PromptEmbeddings", "ResumePoint", "RewardTable", "RunStore", "SinkClosedError",
+    "Manifest", "NotCommittedError", "PromptEmbeddings", "ResumePoint", "RewardTable", "RunStore",
+    "SinkClosedError",
     "StorageConfig", "StorageError", "StoragePermanentError", "StorageUnavailableError",
     "StreamOvertakenError", "iteration_dir",
     "stage_iteration", "stage_key",

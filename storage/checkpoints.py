@@ -196,8 +196,8 @@ class CheckpointStore:
             raise CorruptObjectError(url, "recorded in the manifest but missing") from exc
         got = _sha256(data)
         if len(data) != expected["bytes"] or got != expected["sha256"]:
-            raise CorruptObjectError(url, f"sha256 {got[:16]}... ({len(data)} bytes) does not match "
-                                     f"the manifest's {expected['sha256'][:16]}... "
+            raise CorruptObjectError(url, f"sha256 {got[:16]}... ({len(data)} bytes) does not "
+                                     f"match the manifest's {expected['sha256'][:16]}... "
                                      f"({expected['bytes']} bytes); do not use this checkpoint")
         return data
 
@@ -217,7 +217,8 @@ class CheckpointStore:
             data = self.read_verified(iteration, OPTIMIZER)
             url = self.location.child_url(*self._parts(iteration, OPTIMIZER))
             skeleton = _safetensors_meta(data, url).get("skeleton")
-            optimizer_state = unflatten_state(skeleton, {k: v.to(device) for k, v in load(data).items()})
+            optimizer_state = unflatten_state(skeleton,
+                                              {k: v.to(device) for k, v in load(data).items()})
         return Checkpoint(iteration=iteration, weights_version=int(rec["weights_version"]),
                           weights=weights, optimizer_state=optimizer_state,
                           metadata=dict(rec.get("metadata", {})))

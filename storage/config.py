@@ -28,7 +28,8 @@ class StorageConfig:
     ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` environment variables, else AWS itself."""
 
     key: str | None = field(default=None, repr=False)
-    """S3 access key id. None: ``AWS_ACCESS_KEY_ID`` or botocore's credential chain. Never stored."""
+    """S3 access key id. None: ``AWS_ACCESS_KEY_ID`` or botocore's credential chain. Never
+    stored."""
 
     secret: str | None = field(default=None, repr=False)
     """S3 secret access key. None: ``AWS_SECRET_ACCESS_KEY`` or botocore's chain. Never stored."""

@@ -88,7 +88,8 @@ class DriverLease:
                            "at once; try again")
 
     # -- holding ------------------------------------------------------------------------------
-    def start_renewing(self, on_lost: Callable[[DriverFenced], None] | None = None) -> "DriverLease":
+    def start_renewing(self,
+                       on_lost: Callable[[DriverFenced], None] | None = None) -> "DriverLease":
         """Renew every third of the TTL in a daemon thread; ``on_lost`` hears a takeover."""
         self._on_lost = on_lost
         self._thread = threading.Thread(target=self._renew_loop, name="spotlight-lease",

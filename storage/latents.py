@@ -42,8 +42,13 @@ import numpy as np
 
 from .attempts import LATENT, Attempt, attempt_of, claimed, fenced_by, lineage_of, segments
 from .conditional import create_exclusive, read_versioned, replace_if
-from .errors import (CorruptObjectError, NotCommittedError, StorageError, StreamOvertakenError,
-                     WriteConflict)
+from .errors import (
+    CorruptObjectError,
+    NotCommittedError,
+    StorageError,
+    StreamOvertakenError,
+    WriteConflict,
+)
 from .manifest import stage_key
 from .urls import RunLocation
 

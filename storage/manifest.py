@@ -130,11 +130,12 @@ class Manifest:
             raise CorruptObjectError(self.url, f"not valid JSON ({exc}); restore it from a "
                                      "backup or start a new run URL") from exc
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise CorruptObjectError(self.url, f"not a Spotlight run manifest (format "
-                                     f"{manifest.get('format') if isinstance(manifest, dict) else None!r})")
+            found = manifest.get("format") if isinstance(manifest, dict) else None
+            raise CorruptObjectError(self.url, f"not a Spotlight run manifest (format {found!r})")
         if manifest.get("format_version", 0) > FORMAT_VERSION:
             raise CorruptObjectError(self.url, f"format_version {manifest['format_version']} is "
-                                     f"newer than this code understands ({FORMAT_VERSION}); upgrade")
+                                     f"newer than this code understands ({FORMAT_VERSION}); "
+                                     "upgrade")
         return manifest
 
     def create(self) -> dict:

@@ -66,7 +66,8 @@ class RewardTable:
         try:
             return self.location.retry(ds.load, "read", REWARDS)
         except ValueError as exc:
-            raise CorruptObjectError(self.url, f"a chunk failed its integrity check ({exc})") from exc
+            raise CorruptObjectError(self.url,
+                                     f"a chunk failed its integrity check ({exc})") from exc
 
     def iterations(self) -> list[int]:
         ds = self.open()

@@ -318,7 +318,7 @@ class _DeviceCopy:
     buffer (shape and dtype are known at once), readable once :meth:`wait` has returned."""
 
     def __init__(self, tensor: Any) -> None:
-        import torch   # only ever reached with a CUDA tensor, when torch is loaded
+        import torch  # only ever reached with a CUDA tensor, when torch is loaded
 
         # Non-blocking to the host lands in pinned memory; the event marks the copy's end on
         # the stream the step loop runs on (later kernels there may reuse the source).

@@ -54,7 +54,8 @@ class RunLocation:
 
     def public_storage_options(self) -> dict:
         """``storage_options`` without credentials (safe to print)."""
-        return {k: v for k, v in self.storage_options.items() if k not in ("key", "secret", "token")}
+        return {k: v for k, v in self.storage_options.items()
+                if k not in ("key", "secret", "token")}
 
     # -- zarr ---------------------------------------------------------------------------------
     def zarr_store(self, *parts: str, read_only: bool = False) -> Any:

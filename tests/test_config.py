@@ -2,8 +2,16 @@ import dataclasses
 
 import pytest
 
-from spotlight.config import (PROJECT_ROOT, ConfigError, ConfigWarning, GRPOConfig, PlannerConfig,
-                              RunConfig, load_config, parse_override)
+from spotlight.config import (
+    PROJECT_ROOT,
+    ConfigError,
+    ConfigWarning,
+    GRPOConfig,
+    PlannerConfig,
+    RunConfig,
+    load_config,
+    parse_override,
+)
 from spotlight.exploration.planner import ExplorationPlanner
 
 
@@ -37,7 +45,8 @@ def test_unknown_top_level_section(tmp_path):
 
 
 def test_bad_value_names_field_and_range(tmp_path):
-    with pytest.raises(ConfigError, match=r"GRPOConfig.clip_range = -1.0 is out of range.*\[0.0001, 10.0\]"):
+    with pytest.raises(ConfigError,
+                       match=r"GRPOConfig.clip_range = -1.0 is out of range.*\[0.0001, 10.0\]"):
         load_config(write(tmp_path, "grpo:\n  clip_range: -1\n"))
     with pytest.raises(ConfigError, match="SamplerConfig.sde_type = 'ddim'.*'flow', 'cps'"):
         load_config(write(tmp_path, "sampler:\n  sde_type: ddim\n"))

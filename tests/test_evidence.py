@@ -1,8 +1,15 @@
 """Paired-seed statistics: hand-computed cases."""
 import pytest
 
-from spotlight.evidence import (bootstrap_median, crossing, curve_area, first_crossing,
-                                paired_ratios, quantiles, value_at)
+from spotlight.evidence import (
+    bootstrap_median,
+    crossing,
+    curve_area,
+    first_crossing,
+    paired_ratios,
+    quantiles,
+    value_at,
+)
 
 CURVE = [(0, 0.1), (5, 0.3), (10, 0.5), (15, 0.4)]
 

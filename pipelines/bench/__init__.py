@@ -12,5 +12,15 @@ __all__ = ["BENCHES", "load_benches", "machine", "register_bench", "write_result
 def load_benches() -> None:
     """Import the benchmark modules so they register themselves."""
     # On demand: every bench imports torch and Dask, which a CLI call without `bench` never pays.
-    from pipelines.bench import (arms, convergence, faults, learning,  # noqa: F401
-                                 overhead, preemption, simulate, sp, stock, storage)
+    from pipelines.bench import (  # noqa: F401
+        arms,
+        convergence,
+        faults,
+        learning,
+        overhead,
+        preemption,
+        simulate,
+        sp,
+        stock,
+        storage,
+    )

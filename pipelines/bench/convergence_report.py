@@ -7,15 +7,21 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.bench.convergence_plot import plot_convergence
-from pipelines.bench.registry import machine
 from pipelines.bench.bench_modes import baseline_of, planned_ratio, seed_mode, split_mode
+from pipelines.bench.convergence_plot import plot_convergence
 from pipelines.bench.convergence_time import iteration_times
 from pipelines.bench.paired import cluster_part
+from pipelines.bench.registry import machine
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
-from spotlight.evidence import (bootstrap_median, crossing, curve_area, paired_ratios, quantiles,
-                                value_at)
+from spotlight.evidence import (
+    bootstrap_median,
+    crossing,
+    curve_area,
+    paired_ratios,
+    quantiles,
+    value_at,
+)
 from spotlight.models.prompts import world_prompts
 from spotlight.rewards.geneval import strict_scores
 
@@ -104,8 +110,9 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
     cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in modes
                if not planned_ratio(m)}
     its = {m: figures[m]["censored"] for m in modes}
-    s_per_it, times = iteration_times(saved, modes, cluster, done, its,
-                                      config.cluster.spot_workers * config.cluster.threads_per_worker)
+    s_per_it, times = iteration_times(
+        saved, modes, cluster, done, its,
+        config.cluster.spot_workers * config.cluster.threads_per_worker)
 
     by_mode = speedup_by_mode(modes, times, its)
     product = by_mode.get(facts.get("product", "spotlight"), {})

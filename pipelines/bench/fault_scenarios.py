@@ -18,10 +18,16 @@ from typing import Callable
 
 import numpy as np
 
-from pipelines.bench.fault_stream import STAGE, expected
 from pipelines.bench.bed_cluster import BedCluster
-from pipelines.bench.fault_checks import (Timeline, foreign_lineage_steps, given_up_attempts,
-                                          identical_runs, requests_lost, stage_records_after)
+from pipelines.bench.fault_checks import (
+    Timeline,
+    foreign_lineage_steps,
+    given_up_attempts,
+    identical_runs,
+    requests_lost,
+    stage_records_after,
+)
+from pipelines.bench.fault_stream import STAGE, expected
 from pipelines.bench.preemption import dispatch_logs
 from pipelines.bench.testbed import Testbed, kill
 from storage import RunStore

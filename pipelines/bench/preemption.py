@@ -188,9 +188,12 @@ def preemption_figures(chaos: dict, step_s: float) -> dict:
             record = final.get((stage["stage"], e["request"]))
             if not later and record and record.get("first_step_at"):
                 recovery.append(record["first_step_at"] - killed_at)
-    pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else None)
+    def pct(xs, q):
+        return float(np.percentile(xs, q)) if xs else None
+
     return {"lost_steps_per_preemption": {"hard": float(np.mean(hard)) if hard else None,
-                                          "graceful": float(np.mean(graceful)) if graceful else None,
+                                          "graceful": (float(np.mean(graceful)) if graceful
+                                                       else None),
                                           "hard_each": hard, "graceful_each": graceful},
             "recovery_s": {"p50": pct(recovery, 50), "p95": pct(recovery, 95), "n": len(recovery)},
             # A spot worker joining mid-stage: from being seen to its first request (it loads

@@ -36,8 +36,11 @@ def _atomic_puts() -> None:
 def serial_server(host: str, port: int):
     """A threaded werkzeug server of moto's S3 API on ``host:port`` (0: any free port), with
     atomic conditional PUTs; not started."""
-    from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
-                                               create_backend_app)
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
     from werkzeug.serving import make_server
 
     _atomic_puts()

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from pipelines.bench.registry import machine, register_bench
+from pipelines.bench.sp_chaos import after_seconds, kill_when
+from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.cluster import start_embedded
 from pipelines.cluster.dask_log import run_log_file
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
-from pipelines.bench.sp_chaos import after_seconds, kill_when
-from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.parallel.serve import GroupServer
 from spotlight.config import ClusterConfig
 from storage import RunStore

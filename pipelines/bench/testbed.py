@@ -90,7 +90,8 @@ class Testbed:
         if name in self.hosts:
             return self.hosts[name]
         index = len(self.hosts)
-        netns, inside, outside = f"sl{self.tag}-{name}", f"sli{self.tag}{index}", f"slo{self.tag}{index}"
+        netns, inside, outside = (f"sl{self.tag}-{name}", f"sli{self.tag}{index}",
+                                  f"slo{self.tag}{index}")
         address = str(next(self._addresses))
         _ip("netns", "add", netns)
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)

@@ -1,10 +1,25 @@
 """The Dask cluster side: connecting (embedded or remote, TLS), the project's worker plugin,
 pull dispatch of spot requests, preemption notices and the preemption injector."""
-from pipelines.cluster.connect import (GPU, LOOPBACK, SPOT, Absence, ClusterError,
-                                       ClusterHandle, ClusterLostError, RunInterrupted,
-                                       TaskFailedError, check_shape, connect, open_cluster,
-                                       probe_scheduler, register_worker_setup, security,
-                                       start_embedded, task_error, workers_by_class)
+from pipelines.cluster.connect import (
+    GPU,
+    LOOPBACK,
+    SPOT,
+    Absence,
+    ClusterError,
+    ClusterHandle,
+    ClusterLostError,
+    RunInterrupted,
+    TaskFailedError,
+    check_shape,
+    connect,
+    open_cluster,
+    probe_scheduler,
+    register_worker_setup,
+    security,
+    start_embedded,
+    task_error,
+    workers_by_class,
+)
 
 __all__ = ["GPU", "LOOPBACK", "SPOT", "Absence", "ClusterError", "ClusterHandle",
            "ClusterLostError", "RunInterrupted", "TaskFailedError", "check_shape", "connect",

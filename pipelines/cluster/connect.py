@@ -57,8 +57,9 @@ def task_error(exc: BaseException, what: str, resource: str) -> BaseException:
     # that plugin takes Dask's spill folder `storage/`, which shadows the package, off sys.path.
     from storage import StorageError
 
-    if isinstance(exc, (StorageError, PermissionError)) or (isinstance(exc, OSError) and exc.errno in (
-            errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)):
+    if isinstance(exc, (StorageError, PermissionError)) or (
+            isinstance(exc, OSError)
+            and exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)):
         return exc
     hint = (" The worker cannot import Spotlight: install the same version on every worker VM "
             "(README: Running on your own cluster)." if isinstance(exc, ImportError) else "")
@@ -248,7 +249,7 @@ def register_everywhere(client, plugin) -> None:
     """Register a worker plugin; a worker that cannot be reached (cut off by a partition) does
     not stop the run. The scheduler keeps the plugin before it sends it out, so workers that
     join later get it; the unreachable one is found out by its requests' silence."""
-    from distributed.comm.core import CommClosedError   # distributed loads lazily here
+    from distributed.comm.core import CommClosedError  # distributed loads lazily here
 
     try:
         client.register_plugin(plugin)
@@ -385,9 +386,10 @@ def connect(address: str, config: ClusterConfig, deadline: float | None = None) 
                         security=security(config.tls))
     except (OSError, TimeoutError) as err:
         raise ClusterError(
-            f"could not reach the Dask scheduler at {address} within {config.connect_timeout_s:g} s "
-            f"({type(err).__name__}: {err}). Is `dask scheduler` running there? Check the address "
-            "and port, or drop --scheduler to use an embedded cluster.") from None
+            f"could not reach the Dask scheduler at {address} within "
+            f"{config.connect_timeout_s:g} s ({type(err).__name__}: {err}). Is `dask scheduler` "
+            "running there? Check the address and port, or drop --scheduler to use an embedded "
+            "cluster.") from None
     try:
         register_worker_setup(client, config, embedded=False)
     except BaseException:

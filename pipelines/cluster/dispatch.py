@@ -19,15 +19,34 @@ from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
-from storage import StreamOvertakenError
 from spotlight.config import PreemptionConfig
+from spotlight.scheduling.dispatch import (
+    Assign,
+    AttemptOvertaken,
+    Cancel,
+    Dispatcher,
+    GaveUp,
+    Ignored,
+    NoticeReceived,
+    Offload,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestsSubmitted,
+    RequestState,
+    Requeued,
+    ResultLost,
+    Retired,
+    StageClosed,
+    Starved,
+    Tick,
+    WorkerJoined,
+    WorkerLost,
+    WorkerState,
+)
 from spotlight.scheduling.dispatch_events import event_record
 from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
-from spotlight.scheduling.dispatch import (AttemptOvertaken, Assign, Cancel, Dispatcher, GaveUp,
-                                           Ignored, Offload, NoticeReceived, RequestDone, RequestPreempted,
-                                           RequestProgressed, RequestState, RequestsSubmitted,
-                                           Requeued, ResultLost, Retired, StageClosed, Starved,
-                                           Tick, WorkerJoined, WorkerLost, WorkerState)
+from storage import StreamOvertakenError
 
 EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
@@ -78,8 +97,8 @@ class RequestPool:
     """Pull-based execution of one stage's requests on the workers of ``resource`` (a worker
     class, or several: a rollout pulled by gpu and spot workers alike, with ``offload``)."""
 
-    def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec], config: PreemptionConfig,
-                 *, store=None, resource: str | tuple[str, ...] = SPOT,
+    def __init__(self, cluster: ClusterHandle, requests: list[RequestSpec],
+                 config: PreemptionConfig, *, store=None, resource: str | tuple[str, ...] = SPOT,
                  offload: Offload | None = None, on_event: EventFn | None = None,
                  warm_up: Callable[[str], Any] | None = None, watch_progress: bool = True,
                  cut_off: CutOffs | None = None) -> None:
@@ -415,7 +434,8 @@ class RequestPool:
         future = self.client.submit(
             spec.fn, *spec.args, **numbered, workers=[action.worker],
             allow_other_workers=False, pure=False,
-            key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-{uuid.uuid4().hex[:6]}")
+            key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-"
+                f"{uuid.uuid4().hex[:6]}")
         self._attempts[future] = (action.request, action.attempt, action.worker, time.monotonic())
         seen = self._seen_at.pop(action.worker, None)
         if seen is not None:   # a newcomer's first request: how long joining took

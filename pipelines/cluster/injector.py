@@ -19,9 +19,17 @@ import numpy as np
 
 from pipelines.cluster.connect import SPOT, ClusterError, ClusterHandle, worker_spec
 from spotlight.config import ClusterConfig, InjectorConfig
-from spotlight.scheduling.traces import (ReplayEvent, SpotTrace, choose_victims, initial_count,
-                                         load_trace, poisson_trace, replay_period_s,
-                                         replay_schedule, scale_to_cap)
+from spotlight.scheduling.traces import (
+    ReplayEvent,
+    SpotTrace,
+    choose_victims,
+    initial_count,
+    load_trace,
+    poisson_trace,
+    replay_period_s,
+    replay_schedule,
+    scale_to_cap,
+)
 
 EventFn = Callable[[str, dict], None]
 POISSON_HOURS = 24.0   # a Poisson "trace" long enough for any run; the replay stops with the run
@@ -117,7 +125,8 @@ class PreemptionInjector:
                  *, on_event: EventFn | None = None) -> None:
         cap = cluster_config.spot_workers
         if cap < 1:
-            raise ClusterError("preemption injection needs spot workers; set cluster.spot_workers ≥ 1")
+            raise ClusterError("preemption injection needs spot workers; set "
+                               "cluster.spot_workers ≥ 1")
         self.fleet = SpotFleet(handle, cluster_config, self._note)
         self.config = config
         self.trace = injection_trace(config, cap)

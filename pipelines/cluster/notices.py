@@ -17,9 +17,18 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable
 
-from spotlight.scheduling.notice import (AWS_TOKEN_URL, AWS_URL, AZURE_URL, GCP_URL,
-                                         VALID_SOURCES, NoNotice, Notice, aws_notice,
-                                         azure_notice, gcp_notice)
+from spotlight.scheduling.notice import (
+    AWS_TOKEN_URL,
+    AWS_URL,
+    AZURE_URL,
+    GCP_URL,
+    VALID_SOURCES,
+    NoNotice,
+    Notice,
+    aws_notice,
+    azure_notice,
+    gcp_notice,
+)
 
 _MAX_BODY = 1 << 16
 # Link-local / internal metadata services must never go through an HTTP proxy.
@@ -154,7 +163,8 @@ def aws_token_url(url: str) -> str:
 
 def build_sources(names: Iterable[str], *, file_path: str = "", aws_url: str = "",
                   gcp_url: str = "", azure_url: str = "") -> list[NoticeSource]:
-    """Sources for ``names`` in order; "sigterm" (handled by the worker plugin) and blanks are skipped."""
+    """Sources for ``names`` in order; "sigterm" (handled by the worker plugin) and blanks are
+    skipped."""
     sources: list[NoticeSource] = []
     for raw in names:
         name = raw.strip().lower()
@@ -173,7 +183,8 @@ def build_sources(names: Iterable[str], *, file_path: str = "", aws_url: str = "
         elif name == "azure":
             sources.append(AzureNotice(azure_url or AZURE_URL))
         else:
-            raise ValueError(f"unknown notice source {raw!r}; valid names: {', '.join(VALID_SOURCES)}")
+            raise ValueError(f"unknown notice source {raw!r}; valid names: "
+                             f"{', '.join(VALID_SOURCES)}")
     return sources
 
 

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from spotlight.config import PreemptionConfig
 from pipelines.cluster.notices import build_sources, first_notice
+from spotlight.config import PreemptionConfig
 from spotlight.scheduling.notice import Notice
 
 NOTICE_TOPIC = "spotlight-preemption"
@@ -30,7 +30,8 @@ _NOTICE: list[Notice] = []
 
 
 class StopAtStep(Exception):
-    """Raised inside a request's step loop after a notice: the steps up to ``step`` are committed."""
+    """Raised inside a request's step loop after a notice: the steps up to ``step`` are
+    committed."""
 
     def __init__(self, step: int) -> None:
         super().__init__(f"preemption notice: stopping after step {step}")
@@ -104,7 +105,8 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
                 return
             self.worker = worker
             cfg = self.config
-            if "sigterm" in cfg.notice_sources and threading.current_thread() is threading.main_thread():
+            if ("sigterm" in cfg.notice_sources
+                    and threading.current_thread() is threading.main_thread()):
                 signal.signal(signal.SIGTERM, self._on_sigterm)
             sources = _polled_sources(cfg)
             if sources:

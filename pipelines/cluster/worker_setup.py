@@ -1,4 +1,5 @@
-"""What every Spotlight worker process needs, whether the embedded cluster or ``dask worker`` started it.
+"""What every Spotlight worker process needs, whether the embedded cluster or ``dask worker``
+started it.
 
 A worker plugin registered by the session (so workers that join later get it too):
 
@@ -31,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+
 from pipelines.cluster.dask_log import LOG_ENV, route_to_file
 from pipelines.cluster.runtime import PLUGIN_NAME, WorkerRuntime
 

@@ -192,7 +192,8 @@ def _find_stage(store: RunStore, iteration: int, request: str) -> str:
 
 
 def request_strip(run: str | StorageConfig | RunStore, iteration: int, request: str | int,
-                  out_png: str | os.PathLike, decode: Callable[[np.ndarray], np.ndarray] | None = None,
+                  out_png: str | os.PathLike,
+                  decode: Callable[[np.ndarray], np.ndarray] | None = None,
                   *, stage: str | None = None, min_height: int = 96) -> np.ndarray:
     """Decode every committed step of one request into a left-to-right PNG strip.
 

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve(device: str, size: str | None) -> tuple[str, str]:
     """(device, size): 'auto' is CUDA where torch sees a GPU; the size follows the device."""
-    import torch   # only here: building the command line must not load torch
+    import torch  # only here: building the command line must not load torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

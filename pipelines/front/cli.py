@@ -142,9 +142,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     load_benches()
     if args.name not in BENCHES:
-        print(f"error: unknown benchmark {args.name!r}; choose one of {sorted(BENCHES)}", file=sys.stderr)
+        print(f"error: unknown benchmark {args.name!r}; choose one of {sorted(BENCHES)}",
+              file=sys.stderr)
         return 2
-    options = {"quick": args.quick, "task": args.task, "config": args.config, "json_path": args.json}
+    options = {"quick": args.quick, "task": args.task, "config": args.config,
+               "json_path": args.json}
     if args.time_budget is not None:
         options["time_budget_s"] = args.time_budget
     if args.target is not None:
@@ -397,7 +399,8 @@ COMMANDS = (
     ("serve-reward", "serve a reward (OCR, GenEval) over HTTP for runs on other machines",
      _command_module("pipelines.front.reward_server")),
     ("check-gpu", "measure a rollout and a training step at real size against the sizing "
-                  "model, and run the pipeline on CUDA", _command_module("pipelines.front.check_gpu")),
+                  "model, and run the pipeline on CUDA",
+     _command_module("pipelines.front.check_gpu")),
 )
 
 

@@ -66,7 +66,8 @@ def preemption_line(kind: str, info: dict) -> str | None:
         s = info["summary"]
         return (f"spot: {info['stage']}: {s['preemptions_hard']} hard + "
                 f"{s['preemptions_graceful']} graceful preemptions, {s['finished']}/"
-                f"{s['requests']} requests finished" + (f" ({s['gave_up']})" if s["gave_up"] else ""))
+                f"{s['requests']} requests finished"
+                + (f" ({s['gave_up']})" if s["gave_up"] else ""))
     return None
 
 
@@ -80,7 +81,8 @@ def lease_line(info: dict) -> str:
 
 
 class ConsoleProgress:
-    """An ``on_event`` callback for :class:`pipelines.front.session.Session` that draws with tqdm."""
+    """An ``on_event`` callback for :class:`pipelines.front.session.Session` that draws with
+    tqdm."""
 
     def __init__(self, stream=None, bars: bool = True) -> None:
         self.stream = stream or sys.stderr

@@ -16,8 +16,8 @@ from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_li
 from pipelines.front.html_report import write_report
 from pipelines.front.report import image_grid, reward_curve
 from pipelines.front.session import Session
-from pipelines.observe.validation_grid import validation_labels
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
+from pipelines.observe.validation_grid import validation_labels
 from spotlight.config import RunConfig
 
 
@@ -34,7 +34,8 @@ def run_demo(config: RunConfig, iterations: int | None = None,
     config = config.with_values({"iterations": iterations})
     print(f"spotlight demo: task={config.world.task} mode={config.mode} config={config.source} "
           f"iterations={iterations}")
-    with Session.from_config(config, store=store, on_event=ConsoleProgress(), progress=True) as session:
+    with Session.from_config(config, store=store, on_event=ConsoleProgress(),
+                             progress=True) as session:
         print(f"run store: {session.url}")
         if dask_log_line(session):
             print(dask_log_line(session))

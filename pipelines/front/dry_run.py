@@ -10,8 +10,13 @@ from __future__ import annotations
 from spotlight.config import RunConfig
 from spotlight.cost import load_prices, worker_class_prices
 from spotlight.models.base import model_size
-from spotlight.sizing import (GPU_MEMORY_GIB, INFERENCE_ACTIVATIONS, Estimate, best_fitting_arm,
-                              iteration_estimates)
+from spotlight.sizing import (
+    GPU_MEMORY_GIB,
+    INFERENCE_ACTIVATIONS,
+    Estimate,
+    best_fitting_arm,
+    iteration_estimates,
+)
 
 
 def estimates(config: RunConfig, size, gpu_speed: float = 1.0,

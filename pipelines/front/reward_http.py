@@ -22,8 +22,15 @@ import numpy as np
 from spotlight.config import RewardConfig
 from spotlight.config.base import replaced
 from spotlight.rewards import RewardFn, build_reward
-from spotlight.rewards.service import (HEALTH_PATH, SCORE_PATH, Health, ProtocolError,
-                                       decode_request, encode_rewards, error_body)
+from spotlight.rewards.service import (
+    HEALTH_PATH,
+    SCORE_PATH,
+    Health,
+    ProtocolError,
+    decode_request,
+    encode_rewards,
+    error_body,
+)
 
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_BODY_BYTES = 512 * 2**20

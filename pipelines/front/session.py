@@ -17,18 +17,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster import (ClusterError, ClusterHandle, ClusterLostError, check_shape,
-                               open_cluster, register_worker_setup)
+from pipelines.cluster import (
+    ClusterError,
+    ClusterHandle,
+    ClusterLostError,
+    check_shape,
+    open_cluster,
+    register_worker_setup,
+)
 from pipelines.cluster.connect import register_everywhere
 from pipelines.cluster.dask_log import run_log_file
-from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
 from pipelines.observe import Observers, build_observers
 from pipelines.observe.run_view import RunView
+from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
 from pipelines.run.tasks import stage_name
-from spotlight.config import (ConfigError, RunConfig, check_files, config_hash, from_stored,
-                              load_config)
+from spotlight.config import (
+    ConfigError,
+    RunConfig,
+    check_files,
+    config_hash,
+    from_stored,
+    load_config,
+)
 from spotlight.models.base import base_policy, check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
@@ -67,7 +79,8 @@ class Session:
             self.injector = PreemptionInjector(
                 cluster, config.injector, config.cluster,
                 on_event=lambda kind, info: self.driver.emit(kind, **info)).start()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spotlight-driver")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="spotlight-driver")
         self._lock = threading.Lock()
         self._submitted = self.completed_iterations()
         self.warm_up_futures = self.driver.warm_up()   # workers load weights while the driver plans
@@ -76,11 +89,12 @@ class Session:
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, path: str | Path | RunConfig, client: Any = None, store: str | RunStore | None = None,
-                    *, overrides: dict | None = None, mode: str | None = None,
-                    on_event: EventFn | None = None, progress: bool = False,
-                    store_options: dict | None = None) -> "Session":
-        """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an embedded one."""
+    def from_config(cls, path: str | Path | RunConfig, client: Any = None,
+                    store: str | RunStore | None = None, *, overrides: dict | None = None,
+                    mode: str | None = None, on_event: EventFn | None = None,
+                    progress: bool = False, store_options: dict | None = None) -> "Session":
+        """A new run from a YAML config (or a ``RunConfig``) on ``client``'s cluster or an
+        embedded one."""
         if isinstance(path, RunConfig):
             config = path.with_values(overrides) if overrides else path
             check_files(config)
@@ -151,7 +165,8 @@ class Session:
                  lease: DriverLease) -> "Session":
         info = store.manifest.read().get("run", {})
         if "config" not in info:
-            raise ConfigError(f"{store.url} has no recorded config; it was not started by a Session")
+            raise ConfigError(f"{store.url} has no recorded config; it was not started by a "
+                              "Session")
         config = from_stored(info["config"], info.get("source", store.url))
         changes: dict[str, Any] = {"mode": info.get("mode", config.mode)}
         if scheduler is not None:
@@ -238,7 +253,8 @@ class Session:
 
     @property
     def history(self):
-        """Per-iteration metrics as a pandas DataFrame indexed by iteration (``.to_xarray()`` works)."""
+        """Per-iteration metrics as a pandas DataFrame indexed by iteration (``.to_xarray()``
+        works)."""
         import pandas as pd
 
         rows = [r.to_record() | {"wall_s": r.wall_s} for r in self.results]
@@ -250,7 +266,8 @@ class Session:
         return self.view.tasks()
 
     def val_curve(self) -> list[dict]:
-        """Validation reward by iteration (0 = the base model), with wall seconds since the start."""
+        """Validation reward by iteration (0 = the base model), with wall seconds since the
+        start."""
         return self.view.val_curve()
 
     @property

@@ -179,8 +179,7 @@ def measure_train(policy: QwenImagePolicy, config: RunConfig) -> dict:
                    lambda: trainer.train(rollout, advantages, 0), steps, batch=batch)
     for p in trainer.parameters:   # a rollout worker holds no gradients: the next scale's
         p.grad = None              # rollout is measured without them
-    del trainer
-    return result
+    return result                  # (the trainer, its optimizer state with it, goes here)
 
 
 def timed(device: torch.device, warm_up: Callable, measured: Callable, units: int,

@@ -148,8 +148,9 @@ def runs_html(runs: list[dict], now: float) -> str:
         return ("<p>No Spotlight run has reported to this scheduler yet. A run started with "
                 "<code>spotlight run</code> or <code>spotlight.Session</code> on this cluster "
                 "shows here within a second of its start.</p>")
-    head = ("Run", "Mode", "Status", "Iteration", "Done", "Stage", "Planner (next)", "Fidelity", "τ audit",
-            "τ selected", "Preemptions", "Cost so far", "Reward", "Val reward", "Last heard")
+    head = ("Run", "Mode", "Status", "Iteration", "Done", "Stage", "Planner (next)", "Fidelity",
+            "τ audit", "τ selected", "Preemptions", "Cost so far", "Reward", "Val reward",
+            "Last heard")
     rows = "".join(_summary_row(run, now) for run in runs)
     out = [f"<h2>Runs on this scheduler ({len(runs)})</h2>",
            f"<table class='runs'><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>"]
@@ -165,7 +166,8 @@ def _summary_row(run: dict, now: float) -> str:
     cells = [
         (_esc(run.get("run")), ""), (_esc(run.get("mode")), ""),
         (f"<span class='{_esc(status)}'>{_esc(status)}</span>", ""),
-        (_text(run.get("iteration")), "num"), (done, "num"), (_stage(run, now), ""), (_plan(run.get("plan")), ""),
+        (_text(run.get("iteration")), "num"), (done, "num"), (_stage(run, now), ""),
+        (_plan(run.get("plan")), ""),
         (_esc((run.get("fidelity") or {}).get("state")), ""),
         (_num(run.get("audit_tau"), "{:.3f}"), "num"),
         (_num(run.get("kendall_tau"), "{:.3f}"), "num"),

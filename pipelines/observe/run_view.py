@@ -106,7 +106,8 @@ class RunView:
         return None if info is None else float(info["mean_reward"])
 
     def val_curve(self, results: list[IterationResult] | None = None) -> list[dict]:
-        """Validation reward by iteration (0 = the base model), with wall seconds since the start."""
+        """Validation reward by iteration (0 = the base model), with wall seconds since the
+        start."""
         base = self.base_val_reward
         results = self.results if results is None else results
         t0 = results[0].start if results else 0.0

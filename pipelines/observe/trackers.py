@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class TensorBoardTracker:
     name = "tensorboard"
 
     def __init__(self, place: Place, identity: str | None, upload: Upload | None = None):
-        from tensorboardX import SummaryWriter   # why: imported when a run tracks, not on import
+        from tensorboardX import SummaryWriter  # why: imported when a run tracks, not on import
 
         self.logdir = place.folder / "tensorboard"
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, place: Place, identity: str | None):
-        import wandb   # why: optional (spotlight[tracking])
+        import wandb  # why: optional (spotlight[tracking])
 
         self.wandb = wandb
         self.identity = identity or uuid.uuid4().hex[:12]
@@ -167,7 +167,7 @@ class MLflowTracker:
             # MLflow 3 refuses its file store unless asked for it: the one that needs no
             # database or server (mlflow-skinny has neither).
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.entities import Metric, Param   # why: optional (spotlight[tracking])
+        from mlflow.entities import Metric, Param  # why: optional (spotlight[tracking])
         from mlflow.tracking import MlflowClient
 
         self.Metric = Metric
@@ -220,7 +220,7 @@ class TrackioTracker:
     name = "trackio"
 
     def __init__(self, place: Place, identity: str | None):
-        import trackio   # why: optional (spotlight[tracking])
+        import trackio  # why: optional (spotlight[tracking])
 
         self.trackio = trackio
         self.identity = identity or place.run_name

@@ -44,7 +44,8 @@ JOIN_TIMEOUT = timedelta(seconds=15)
 # peer is seen at once, by its reset connection, not by this timeout.
 STEP_TIMEOUT = timedelta(minutes=10)
 # Node-local shared memory (tmpfs) where it exists; the temp folder otherwise.
-SHARED_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+SHARED_DIR = (Path("/dev/shm") if Path("/dev/shm").is_dir()
+              else Path(os.environ.get("TMPDIR", "/tmp")))
 
 
 @dataclass

@@ -16,12 +16,21 @@ from typing import Callable
 from distributed import Client
 
 from pipelines.parallel import executor
-from spotlight.parallel.membership import (CopyFailed, CopyWeights, DissolveGroup,
-                                           ExecutorJoined, ExecutorLost, FormGroup, Group,
-                                           Membership, WeightsLoaded, WeightsNotHeld,
-                                           WeightsPublished, WeightsTrained)
+from spotlight.parallel.membership import (
+    CopyFailed,
+    CopyWeights,
+    DissolveGroup,
+    ExecutorJoined,
+    ExecutorLost,
+    FormGroup,
+    Group,
+    Membership,
+    WeightsLoaded,
+    WeightsNotHeld,
+    WeightsPublished,
+    WeightsTrained,
+)
 from spotlight.parallel.ulysses import check_degree
-
 
 POLL_S = 0.01   # how often a wait checks that its workers are still there
 # A member's death reaches its peers' collectives (an error) before the scheduler: how long a

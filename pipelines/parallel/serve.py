@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pipelines.parallel.groups import LOSS_GRACE_S, ExecutorGone, SPGroups, live_workers
-from spotlight.scheduling.dispatch import (Assign, Dispatcher, RequestDone, RequestsSubmitted,
-                                           WorkerJoined, WorkerLost)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    Dispatcher,
+    RequestDone,
+    RequestsSubmitted,
+    WorkerJoined,
+    WorkerLost,
+)
 
 FETCH_TIMEOUT_S = 5.0   # fetching a finished answer; past it, its worker may have died holding it
 
@@ -26,7 +32,8 @@ class Served:
     """What serving the requests did."""
 
     results: dict = field(default_factory=dict)        # request -> rank 0's result
-    resumed_from: dict = field(default_factory=dict)   # request -> the step its last attempt began at
+    # request -> the step its last attempt began at
+    resumed_from: dict = field(default_factory=dict)
     attempts: dict = field(default_factory=dict)       # request -> attempts started
     losses: int = 0
 

@@ -28,7 +28,8 @@ from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
 
 @dataclass
 class GlooPeers:
-    """This process's place in the training group (:class:`~spotlight.rl.trainer.DataParallelPeers`)."""
+    """This process's place in the training group
+    (:class:`~spotlight.rl.trainer.DataParallelPeers`)."""
 
     group: object
     rank: int

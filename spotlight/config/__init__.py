@@ -23,21 +23,36 @@ from typing import Any
 import yaml
 
 from spotlight.config.base import ConfigError, Validated, build, replaced, spec
-from spotlight.modes import MODE_NAMES, MODES, Mode, mode_of
-from spotlight.config.sections import (MARKETS, NOTICE_SOURCES, ClusterConfig, CostConfig,
-                                       ExplorationConfig, FidelityConfig, GRPOConfig,
-                                       InjectorConfig, ModelConfig, ParallelConfig,
-                                       PlannerConfig, PlacementConfig, PreemptionConfig,
-                                       PretrainConfig,
-                                       RewardConfig,
-                                       SamplerConfig, TLSConfig, ValidationConfig, WorldConfig)
 from spotlight.config.objective import ObjectiveConfig
+from spotlight.config.sections import (
+    MARKETS,
+    NOTICE_SOURCES,
+    ClusterConfig,
+    CostConfig,
+    ExplorationConfig,
+    FidelityConfig,
+    GRPOConfig,
+    InjectorConfig,
+    ModelConfig,
+    ParallelConfig,
+    PlacementConfig,
+    PlannerConfig,
+    PreemptionConfig,
+    PretrainConfig,
+    RewardConfig,
+    SamplerConfig,
+    TLSConfig,
+    ValidationConfig,
+    WorldConfig,
+)
 from spotlight.config.tracking import TrackingConfig, check_trackers
+from spotlight.modes import MODE_NAMES, MODES, Mode, mode_of
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_hash",
-           "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES", "ClusterConfig",
-           "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig", "InjectorConfig",
-           "ModelConfig", "ObjectiveConfig", "ParallelConfig", "PlannerConfig", "PreemptionConfig", "PretrainConfig", "RewardConfig",
+           "check_files", "faithful_replay", "rollout_sp_degree", "MARKETS", "NOTICE_SOURCES",
+           "ClusterConfig", "CostConfig", "ExplorationConfig", "FidelityConfig", "GRPOConfig",
+           "InjectorConfig", "ModelConfig", "ObjectiveConfig", "ParallelConfig", "PlannerConfig",
+           "PreemptionConfig", "PretrainConfig", "RewardConfig",
            "SamplerConfig", "TLSConfig", "TrackingConfig", "ValidationConfig", "WorldConfig"]
 
 # Defaults name files of this repository; they resolve against its root, not the working folder.

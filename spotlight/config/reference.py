@@ -14,7 +14,8 @@ from spotlight.config.base import type_name
 
 HEADER = """# Configuration reference
 
-Generated from `spotlight/config/` by `python -m spotlight.config.reference > docs/configuration.md`;
+Generated from `spotlight/config/` by \
+`python -m spotlight.config.reference > docs/configuration.md`;
 do not edit by hand. A run is one YAML file (see `configs/digits.yaml`); any value can also be set
 with `--set section.key=value`. Every value is checked before anything runs: an unknown key names
 the nearest valid one, a bad value names its allowed range. Paths in a config file are relative to

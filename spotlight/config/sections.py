@@ -1,8 +1,7 @@
 """The components' configs: one frozen, validated dataclass per component.
 
 Every field documents itself (``help``) and states its allowed range or choices; the generated
-reference (``docs/configuration.md``) is made from exactly these declarations.
-"""
+reference (``docs/configuration.md``) is made from exactly these declarations."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,10 +28,11 @@ class WorldConfig(Validated):
 
     def validate(self) -> None:
         if self.canvas_height % 2 or self.canvas_width % 2:
-            raise ConfigError(f"WorldConfig canvas {self.canvas_height}x{self.canvas_width} must have "
-                              "even sides: the policy packs 2x2 pixel patches into tokens")
+            raise ConfigError(f"WorldConfig canvas {self.canvas_height}x{self.canvas_width} must "
+                              "have even sides: the policy packs 2x2 pixel patches into tokens")
         if self.task == "ocr" and self.canvas_width < 28:
-            raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' (three 8-pixel digits)")
+            raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' "
+                              "(three 8-pixel digits)")
         if self.task == "geneval" and (self.canvas_height < 20 or self.canvas_width < 32):
             raise ConfigError("WorldConfig canvas must be at least 20x32 for 'geneval' "
                               "(two rows of three object slots)")
@@ -110,7 +110,8 @@ class RewardConfig(Validated):
 
     name: str = spec("ocr", "Registered reward name (see spotlight.rewards.REWARDS).")
     recognizer_epochs: int = spec(30, "Recogniser training epochs.", range=(1, 1000))
-    recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.", range=(0, 2**31 - 1))
+    recognizer_seed: int = spec(0, "Recogniser split and initialisation seed.",
+                                range=(0, 2**31 - 1))
     ocr_engine: str = spec("rapidocr", "OCR engine of reward 'ocr-text' (real images): 'rapidocr' "
                            "runs PP-OCR, offline.", choices=("rapidocr", "transformers"))
     ocr_model: str = spec("", "OCR engine 'transformers': a folder or object-storage URL of a VLM "
@@ -132,11 +133,11 @@ class SamplerConfig(Validated):
                          choices=("flow", "cps"))
     sde_window_start: int = spec(0, "First step that uses the SDE (and is trained).",
                                  range=(0, 1000))
-    sde_window_size: int = spec(4, "Number of SDE steps (cut at num_steps); 0 = every step "
-                                "from the start. Early "
-                                "steps decide which digit goes where; late ones only render it.",
-                                range=(0, 1000))
-    shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).", range=(0.1, 20.0))
+    sde_window_size: int = spec(4, "Number of SDE steps (cut at num_steps); 0 = every step from "
+                                "the start. Early steps decide which digit goes where; late ones "
+                                "only render it.", range=(0, 1000))
+    shift: float = spec(1.0, "Timestep shift of the sigma schedule (1 = linear).",
+                        range=(0.1, 20.0))
     schedule: str = spec("shift", "Sigma schedule: 'shift' = linspace(1, 0) time-shifted by "
                          "sampler.shift; 'model' = the policy's own (qwen-image: its weights' "
                          "FlowMatchEulerDiscreteScheduler with the resolution's dynamic shift, as "
@@ -200,8 +201,8 @@ class ValidationConfig(Validated):
 class ExplorationConfig(Validated):
     """Seed exploration: candidate seeds per prompt, scored by replaying the rollout sampler."""
 
-    candidates: int = spec(16, "Candidate seeds explored per prompt (N); the G most spread are kept.",
-                           range=(2, 4096))
+    candidates: int = spec(16, "Candidate seeds explored per prompt (N); the G most spread are "
+                           "kept.", range=(2, 4096))
     steps: int = spec(0, "Model evaluations of an exploration replay (M); 0 = the rollout's "
                          "steps. Fewer keep the rollout's SDE window and compress the "
                          "deterministic tail after it.", range=(0, 1000))
@@ -228,8 +229,8 @@ class PlannerConfig(Validated):
                                           "grpo.group_size selects anything).")
     # Measured on the digits world (10 steps, SDE window 4): a 7-step replay ranks seeds at
     # Kendall tau 0.89 against the full one, a 6-step replay at 0.78, for 70% / 60% of its cost.
-    steps: list[int] = spec([0, 7, 6], "The M arms: model evaluations per replay (0 = the rollout's "
-                                  "steps; fewer compress the ODE tail after the SDE window).")
+    steps: list[int] = spec([0, 7, 6], "The M arms: model evaluations per replay (0 = the "
+                            "rollout's steps; fewer compress the ODE tail after the SDE window).")
     gamma: float = spec(0.3, "UCB bonus weight: larger tries settings more, smaller exploits.",
                         range=(0.0, 10.0))
     budget_fraction: float = spec(0.9, "Share of the predicted exploration window a plan may fill.",
@@ -356,8 +357,8 @@ class PreemptionConfig(Validated):
     dispatch: str = spec("pull", "'pull': a worker gets the next request when it has a free "
                                  "slot (balances, requeues on loss); 'push': Dask assigns all at "
                                  "once (for comparison only).", choices=("pull", "push"))
-    notice_sources: list[str] = spec(["sigterm"], f"Where a spot worker hears of its preemption: any "
-                                             f"of {list(NOTICE_SOURCES)}.")
+    notice_sources: list[str] = spec(["sigterm"], f"Where a spot worker hears of its preemption: "
+                                             f"any of {list(NOTICE_SOURCES)}.")
     notice_file: str = spec("", "Path whose appearance is a notice (source 'file').",
                             path="optional")
     aws_url: str = spec("", "AWS spot instance-action URL (empty: the instance metadata default).")
@@ -384,7 +385,8 @@ class PreemptionConfig(Validated):
             raise ConfigError("PreemptionConfig.notice_sources has 'file' but notice_file is "
                               "empty; set preemption.notice_file to the path to watch")
         if 0 < self.liveness_steps <= 1:
-            raise ConfigError(f"preemption.liveness_steps = {self.liveness_steps}: use 0 (off) or >1")
+            raise ConfigError(f"preemption.liveness_steps = {self.liveness_steps}: use 0 (off) "
+                              "or >1")
 
 
 WORKER_CLASSES = ("gpu", "spot")
@@ -454,8 +456,6 @@ class CostConfig(Validated):
     gpu_market: str = spec("on_demand", "Market the 'gpu' workers are bought on.", choices=MARKETS)
     spot_instance: str = spec("p5.48xlarge", "Instance type the 'spot' workers run on.")
     spot_market: str = spec("spot", "Market the 'spot' workers are bought on.", choices=MARKETS)
-
-
 
 
 @dataclass(kw_only=True, frozen=True)

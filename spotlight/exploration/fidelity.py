@@ -22,7 +22,8 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's τ-b of two equal-length sequences (ties handled); nan when undefined."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"kendall_tau needs two equal-length 1-d sequences, got {x.shape} and {y.shape}")
+        raise ValueError(f"kendall_tau needs two equal-length 1-d sequences, got {x.shape} and "
+                         f"{y.shape}")
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError("kendall_tau got non-finite values; drop unscored samples first")
     if len(x) < 2:
@@ -109,8 +110,8 @@ class RankFidelityMonitor:
                           f"last {n} iterations: falling back to {cfg.fallback} seeds")
             elif self.state == FALLBACK and rolling >= cfg.floor + cfg.recover_margin:
                 self.state = TRUSTING
-                reason = (f"rolling Kendall tau {rolling:.2f} >= {cfg.floor + cfg.recover_margin:.2f}: "
-                          "stale exploration trusted again")
+                reason = (f"rolling Kendall tau {rolling:.2f} >= "
+                          f"{cfg.floor + cfg.recover_margin:.2f}: stale exploration trusted again")
         decision = FidelityDecision(iteration, tau, rolling, self.state, self.state != before,
                                     reason)
         self.history.append(decision)

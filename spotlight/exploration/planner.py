@@ -159,8 +159,8 @@ class ExplorationPlanner:
         if seconds - budget >= replaced_rollout_s:
             return None
         return Plan(iteration, n, m, prompts, seconds, budget, cheapest,
-                    f"over budget by {seconds - budget:.2f} s, under the {replaced_rollout_s:.2f} s "
-                    "rollout its samples replace: every prompt")
+                    f"over budget by {seconds - budget:.2f} s, under the "
+                    f"{replaced_rollout_s:.2f} s rollout its samples replace: every prompt")
 
     def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:

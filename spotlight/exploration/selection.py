@@ -21,7 +21,8 @@ def max_variance_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np
     """
     rewards, seeds = np.asarray(rewards, dtype=np.float64), np.asarray(seeds)
     if rewards.shape != seeds.shape or rewards.ndim != 1:
-        raise ValueError(f"rewards {rewards.shape} and seeds {seeds.shape} must be equal 1-d shapes")
+        raise ValueError(f"rewards {rewards.shape} and seeds {seeds.shape} must be equal 1-d "
+                         "shapes")
     if not 1 <= size <= len(rewards):
         raise ValueError(f"cannot choose {size} of {len(rewards)} candidates")
     order = np.lexsort((seeds, rewards))

@@ -146,7 +146,7 @@ register_sizing = _registrar("sizer")      # model_size's (default: none; --dry-
 def policy_spec(name: str) -> PolicySpec:
     """The registered model ``name`` (its shipped modules imported first); a clear error
     naming the choices when there is none."""
-    import importlib   # the shipped modules are named, not imported, until a run needs one
+    import importlib  # the shipped modules are named, not imported, until a run needs one
 
     for module in _SHIPPED.get(name, ()):   # every part of the name, whichever came first
         importlib.import_module(module)

@@ -81,7 +81,8 @@ class DigitsPolicy(nn.Module):
         super().__init__()
         self.config, self.height, self.width = config, height, width
         head = config.attention_head_dim
-        self.text_encoder = PromptEncoder(config.text_dim, config.text_layers, config.max_prompt_tokens)
+        self.text_encoder = PromptEncoder(config.text_dim, config.text_layers,
+                                          config.max_prompt_tokens)
         self.transformer = QwenImageTransformer2DModel(
             patch_size=PATCH,
             in_channels=CHANNELS * PATCH * PATCH,
@@ -103,7 +104,8 @@ class DigitsPolicy(nn.Module):
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor,
                  text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Predicted flow velocity (noise - data) for packed ``latents`` at noise level ``sigma``."""
+        """Predicted flow velocity (noise - data) for packed ``latents`` at noise level
+        ``sigma``."""
         emb, mask = text
         shape = [(1, self.height // PATCH, self.width // PATCH)]
         out = self.transformer(
@@ -127,7 +129,8 @@ class DigitsPolicy(nn.Module):
         return to_pixels(x).astype(np.float32)
 
     def trainable_parameters(self, which: str = "transformer") -> list[nn.Parameter]:
-        modules = [self.transformer] if which == "transformer" else [self.transformer, self.text_encoder]
+        modules = ([self.transformer] if which == "transformer"
+                   else [self.transformer, self.text_encoder])
         return [p for m in modules for p in m.parameters()]
 
     def reference(self) -> "DigitsPolicy":
@@ -141,8 +144,8 @@ class DigitsPolicy(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         tmp = directory / "model.safetensors.tmp"
         save_file(state, str(tmp))
-        meta = {"model": dataclasses.asdict(self.config), "height": self.height, "width": self.width,
-                **(extra or {})}
+        meta = {"model": dataclasses.asdict(self.config), "height": self.height,
+                "width": self.width, **(extra or {})}
         (directory / "policy.json").write_text(json.dumps(meta, indent=2))
         tmp.replace(directory / "model.safetensors")  # the weights file appears only when whole
         return directory
@@ -153,8 +156,8 @@ class DigitsPolicy(nn.Module):
         weights, meta_path = directory / "model.safetensors", directory / "policy.json"
         if not weights.is_file() or not meta_path.is_file():
             raise MissingCheckpointError(
-                f"no policy checkpoint in '{directory}' (expected model.safetensors and policy.json); "
-                "run `spotlight pretrain --config CONFIG` to create the base model")
+                f"no policy checkpoint in '{directory}' (expected model.safetensors and "
+                "policy.json); run `spotlight pretrain --config CONFIG` to create the base model")
         meta = json.loads(meta_path.read_text())
         policy = cls(ModelConfig(**meta["model"]), meta["height"], meta["width"])
         policy.load_state_dict(load_file(str(weights)))

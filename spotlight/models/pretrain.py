@@ -50,8 +50,8 @@ def composed_batch(config: RunConfig, rng: np.random.Generator) -> tuple[list[st
     """Random prompts of the task and canvases drawn for them, in model space."""
     world = config.world
     prompts = [random_prompt(world.task, rng) for _ in range(config.pretrain.batch_size)]
-    canvases = np.stack([render(p, world.canvas_height, world.canvas_width, rng, world.glyphs_per_class)
-                         for p in prompts])
+    canvases = np.stack([render(p, world.canvas_height, world.canvas_width, rng,
+                                world.glyphs_per_class) for p in prompts])
     return [p.text for p in prompts], torch.from_numpy(to_model_space(canvases))
 
 

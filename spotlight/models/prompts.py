@@ -2,8 +2,8 @@
 
 - ``ocr``: plain text, one prompt per line, the target digit string between double quotes,
   as in Flow-GRPO's OCR data: ``a sign that says "407"``.
-- ``geneval``: JSONL in GenEval's metadata shape:
-  ``{"tag": "counting", "include": [{"class": "3", "count": 2, "color": "red"}], "prompt": "two red 3s"}``;
+- ``geneval``: JSONL in GenEval's metadata shape: ``{"tag": "counting",
+  "include": [{"class": "3", "count": 2, "color": "red"}], "prompt": "two red 3s"}``;
   a position clause sits on the second object: ``"position": ["left of", 0]``. The digits
   world takes digit classes, its four colours and at most three objects; a real model's prompts
   (``open_vocabulary``) take GenEval's own: any class name, its ten colours, ``exclude``.
@@ -70,8 +70,8 @@ def ocr_prompt(line: str, where: str = "<prompt>", open_vocabulary: bool = False
         if not target.strip():
             raise PromptFileError(f"{where}: the target between the quotes is empty")
     elif not target.isdigit() or not 1 <= len(target) <= MAX_OCR_DIGITS or not target.isascii():
-        raise PromptFileError(f"{where}: target {target!r} must be 1-{MAX_OCR_DIGITS} digits (0-9); "
-                              "the digits world renders only digit strings")
+        raise PromptFileError(f"{where}: target {target!r} must be 1-{MAX_OCR_DIGITS} digits "
+                              "(0-9); the digits world renders only digit strings")
     return Prompt(text=line.strip(), task="ocr", target=target)
 
 
@@ -87,7 +87,8 @@ def _clause(entry: object, index: int, n_entries: int, where: str,
     if open_vocabulary and not cls.strip():
         raise PromptFileError(f"{where}: include[{index}].class is empty; name the object")
     if not open_vocabulary and (len(cls) != 1 or not cls.isdigit()):
-        raise PromptFileError(f"{where}: include[{index}].class = {cls!r} must be one digit '0'-'9'")
+        raise PromptFileError(f"{where}: include[{index}].class = {cls!r} must be one digit "
+                              "'0'-'9'")
     count, most = entry.get("count", 1), (16 if open_vocabulary else MAX_COUNT)
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= most:
         raise PromptFileError(f"{where}: include[{index}].count = {count!r} must be 1-{most}")
@@ -122,7 +123,8 @@ def geneval_prompt(line: str, where: str = "<prompt>", open_vocabulary: bool = F
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise PromptFileError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+        raise PromptFileError(f"{where}: malformed JSON ({err.msg} at column "
+                              f"{err.colno})") from None
     if not isinstance(record, dict) or not {"tag", "include", "prompt"} <= set(record):
         raise PromptFileError(f"{where}: each line needs keys 'tag', 'include' and 'prompt'")
     include = record["include"]

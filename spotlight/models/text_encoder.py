@@ -41,11 +41,13 @@ class PromptEncoder(nn.Module):
         self.positions = nn.Embedding(max_tokens, dim)
         layer = nn.TransformerEncoderLayer(dim, nhead=max(1, dim // 16), dim_feedforward=2 * dim,
                                            dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False) if layers else None
+        self.encoder = (nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+                        if layers else None)
 
     def token_ids(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded token ids (B, L) and a bool mask of real tokens; L = longest prompt (capped)."""
-        ids = [[self.index.get(w, 1) for w in tokenize(p)][: self.max_tokens] or [1] for p in prompts]
+        ids = [[self.index.get(w, 1) for w in tokenize(p)][: self.max_tokens] or [1]
+               for p in prompts]
         length = max(len(row) for row in ids)
         out = torch.zeros(len(ids), length, dtype=torch.long)
         mask = torch.zeros(len(ids), length, dtype=torch.bool)

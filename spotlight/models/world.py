@@ -28,7 +28,8 @@ NUMBER_WORDS = {1: "a", 2: "two", 3: "three"}
 
 @lru_cache(maxsize=1)
 def digit_images() -> tuple[np.ndarray, np.ndarray]:
-    """All 1797 bundled 8x8 digits as float32 in [0, 1], with their labels (nothing is downloaded)."""
+    """All 1797 bundled 8x8 digits as float32 in [0, 1], with their labels (nothing is
+    downloaded)."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -163,7 +164,8 @@ def random_geneval_prompt(rng: np.random.Generator) -> Prompt:
         include = (ObjectClause(digits[0]), ObjectClause(digits[1]))
     elif tag == "color_attr":
         a, b = rng.choice(len(colors), size=2, replace=False)
-        include = (ObjectClause(digits[0], color=colors[a]), ObjectClause(digits[1], color=colors[b]))
+        include = (ObjectClause(digits[0], color=colors[a]),
+                   ObjectClause(digits[1], color=colors[b]))
     else:
         relation = ("left of", "right of", "above", "below")[int(rng.integers(4))]
         include = (ObjectClause(digits[0]), ObjectClause(digits[1], position=(relation, 0)))

@@ -197,7 +197,8 @@ class Membership:
     def _on_ExecutorJoined(self, event: ExecutorJoined) -> list[Action]:
         known = self.executors.get(event.executor)
         if known is not None and known.state is not ExecutorState.GONE:
-            raise ValueError(f"executor {event.executor!r} joined twice (it is {known.state.value})")
+            raise ValueError(f"executor {event.executor!r} joined twice (it is "
+                             f"{known.state.value})")
         executor = Executor(event.executor, event.node, version=event.version)
         self.executors[event.executor] = executor
         if event.version == self.version:

@@ -190,8 +190,7 @@ def enable(transformer, group) -> None:
 
 def disable(transformer) -> None:
     """Back to single-process attention."""
-    from diffusers.models.transformers.transformer_qwenimage import \
-        QwenDoubleStreamAttnProcessor2_0
+    from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
     transformer.set_attn_processor(QwenDoubleStreamAttnProcessor2_0())
 

@@ -60,7 +60,8 @@ class DigitNet(nn.Module):
 
 @dataclass
 class Recognizer:
-    """A trained ``DigitNet`` with its held-out accuracy; read with ``classify`` or ``probabilities``."""
+    """A trained ``DigitNet`` with its held-out accuracy; read with ``classify`` or
+    ``probabilities``."""
 
     model: DigitNet
     accuracy: float

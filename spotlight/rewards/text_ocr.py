@@ -96,7 +96,7 @@ class TransformersOcrEngine:
         import torch
         from PIL import Image
 
-        from spotlight.rewards.vision import to_uint8   # torch: this engine's alone
+        from spotlight.rewards.vision import to_uint8  # torch: this engine's alone
 
         pictures = [Image.fromarray(p) for p in to_uint8(images)]
         texts: list[str] = []

@@ -19,11 +19,16 @@ import torch
 
 from spotlight.config import RewardConfig
 from spotlight.models.prompts import Prompt, geneval_record
-from spotlight.rewards.geneval_image import (CONFIDENCE, GENEVAL_COLORS, Box, ColorClassifier,
-                                             Detector, geneval_image_score)
+from spotlight.rewards.geneval_image import (
+    CONFIDENCE,
+    GENEVAL_COLORS,
+    Box,
+    ColorClassifier,
+    Detector,
+    geneval_image_score,
+)
 from spotlight.rewards.registry import check_batch, check_rewards, register_reward
 from spotlight.staging import StagingError, staged_folder
-
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 

@@ -20,7 +20,8 @@ class Advantages:
         return int((~self.kept).sum())
 
 
-def group_advantages(rewards: np.ndarray, *, global_std: bool = False, clip: float = 5.0) -> Advantages:
+def group_advantages(rewards: np.ndarray, *, global_std: bool = False,
+                     clip: float = 5.0) -> Advantages:
     """Per-prompt advantages (r - mean_group) / std; groups of zero spread are dropped.
 
     ``rewards`` is (prompts, group). With ``global_std`` the std of the whole batch normalises

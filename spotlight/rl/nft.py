@@ -46,7 +46,8 @@ def training_noise(run_seed: int, iteration: int, rows: int, count: int,
     return out
 
 
-def noised(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+def noised(x0: torch.Tensor, noise: torch.Tensor,
+           sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_s, its flow-matching target velocity) at noise level ``sigma``."""
     return (1.0 - sigma) * x0 + sigma * noise, noise - x0
 

@@ -20,7 +20,8 @@ StepCallback = Callable[[int, torch.Tensor], None]
 
 @dataclass
 class Trajectory:
-    """One batch's denoising path. ``latents[:, t]`` is the input of step t; ``latents[:, -1]`` the output."""
+    """One batch's denoising path. ``latents[:, t]`` is the input of step t; ``latents[:, -1]``
+    the output."""
 
     latents: torch.Tensor        # (B, T + 1, tokens, channels)
     log_probs: torch.Tensor      # (B, T); 0 for deterministic steps
@@ -120,7 +121,8 @@ def initial_latents(keys: list[SampleKey], tokens_shape: tuple[int, int]) -> tor
 def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerConfig, *,
            mode: str = "sde", start_step: int = 0, start_latents: torch.Tensor | None = None,
            on_step: StepCallback | None = None, num_steps: int | None = None) -> Trajectory:
-    """Denoise a batch. ``mode='sde'`` follows the configured SDE window, ``'ode'`` is deterministic.
+    """Denoise a batch. ``mode='sde'`` follows the configured SDE window, ``'ode'`` is
+    deterministic.
 
     ``num_steps`` overrides the number of model evaluations (an exploration replay, see
     :func:`step_grid`). ``on_step(t, x)`` is called with the latent after each step t, so callers
@@ -135,7 +137,8 @@ def sample(policy, prompts: list[str], keys: list[SampleKey], config: SamplerCon
     grid = step_grid(config, num_steps, mode, schedule_of(policy, config))
     sigmas, kinds = grid.sigmas, grid.kinds
     steps, device = len(kinds), module_device(policy)
-    x = initial_latents(keys, policy.tokens_shape) if start_latents is None else start_latents.float()
+    x = (initial_latents(keys, policy.tokens_shape) if start_latents is None
+         else start_latents.float())
     x = to_device(x, device)
     latents = torch.zeros(len(keys), steps + 1, *policy.tokens_shape, device=device)
     latents[:, start_step] = x

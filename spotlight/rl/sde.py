@@ -53,7 +53,8 @@ def flow_sde_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float, si
     dt = sigma_next - sigma
     denominator = 1.0 - (sigma_cap if sigma >= 1.0 else sigma)
     std_t = noise_level * math.sqrt(sigma / denominator)
-    mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    mean = (x * (1 + std_t**2 / (2 * sigma) * dt)
+            + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt)
     scale = std_t * math.sqrt(-dt)
     std = torch.full((x.shape[0],), scale, dtype=torch.float32, device=x.device)
     return StepDistribution(mean, std, scale)
@@ -64,7 +65,8 @@ def cps_step(sample: torch.Tensor, velocity: torch.Tensor, sigma: float, sigma_n
     """Coefficients-preserving sampling: re-noise the predicted data at exactly sigma_next.
 
     std = sigma_next * sin(a * pi / 2); the predicted noise keeps the rest of the variance, so the
-    marginal coefficients match the forward process. The last step (sigma_next = 0) is deterministic.
+    marginal coefficients match the forward process. The last step (sigma_next = 0) is
+    deterministic.
     """
     x, v = sample.float(), velocity.float()
     std_t = sigma_next * math.sin(noise_level * math.pi / 2)

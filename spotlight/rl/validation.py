@@ -38,7 +38,8 @@ def validate(policy, prompts: list[Prompt], reward_fn, check_rewards, config: Ru
     images = []
     for start in range(0, len(flat), batch_size):
         chunk = slice(start, start + batch_size)
-        traj = sample(policy, [p.text for p in flat[chunk]], keys[chunk], config.sampler, mode="ode")
+        traj = sample(policy, [p.text for p in flat[chunk]], keys[chunk], config.sampler,
+                      mode="ode")
         images.append(policy.decode(traj.final))
     images = np.concatenate(images)
     rewards = np.asarray(reward_fn(images, flat), dtype=np.float64)

@@ -25,10 +25,28 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from spotlight.scheduling.dispatch_events import (  # noqa: F401  (re-exported)
-    WorkerJoined, NoticeReceived, WorkerLost, RequestSubmitted, RequestsSubmitted,
-    RequestProgressed, RequestDone,
-    RequestPreempted, AttemptOvertaken, ResultLost, Tick, StageClosed, Assign, Cancel, Requeued, Retired,
-    Starved, GaveUp, Ignored, Event, Action)
+    Action,
+    Assign,
+    AttemptOvertaken,
+    Cancel,
+    Event,
+    GaveUp,
+    Ignored,
+    NoticeReceived,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestsSubmitted,
+    RequestSubmitted,
+    Requeued,
+    ResultLost,
+    Retired,
+    StageClosed,
+    Starved,
+    Tick,
+    WorkerJoined,
+    WorkerLost,
+)
 from spotlight.scheduling.offload import SpeedBook, planned_takers, straggler
 
 

@@ -1,9 +1,10 @@
 """Preemption notices: what the clouds' metadata services say, read as a notice or none.
 
 Pure functions of a reply (HTTP status and body) and a clock; the polling itself -- HTTP
-requests, a file on disk, SIGTERM -- is I/O and lives in :mod:`pipelines.cluster.notices`. Each parser
-returns a :class:`Notice`, None (no notice now), or raises :class:`NoNotice` when the reply
-cannot be understood (the poller keeps its message so an operator sees why a source is silent).
+requests, a file on disk, SIGTERM -- is I/O and lives in :mod:`pipelines.cluster.notices`. Each
+parser returns a :class:`Notice`, None (no notice now), or raises :class:`NoNotice` when the
+reply cannot be understood (the poller keeps its message so an operator sees why a source is
+silent).
 """
 from __future__ import annotations
 

@@ -14,10 +14,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, NoticeReceived, Offload,
-                                           RequestDone, RequestPreempted, RequestProgressed,
-                                           RequestState, RequestsSubmitted, StageClosed,
-                                           WorkerJoined, WorkerLost)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    Cancel,
+    Dispatcher,
+    NoticeReceived,
+    Offload,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestsSubmitted,
+    RequestState,
+    StageClosed,
+    WorkerJoined,
+    WorkerLost,
+)
 from spotlight.sim.clock import Clock
 from spotlight.sim.config import TimingConfig
 from spotlight.sim.fleet import Fleet, Unit
@@ -56,7 +67,8 @@ class StageStats:
     done_sample_steps: int = 0        # their images x steps: seconds per sample-step measured
     hard_preemptions: int = 0
     graceful_preemptions: int = 0
-    spans: list[tuple[str, float, float, str]] = field(default_factory=list)  # unit, start, end, outcome
+    # unit, start, end, outcome
+    spans: list[tuple[str, float, float, str]] = field(default_factory=list)
 
 
 class RequestStage:

@@ -24,8 +24,14 @@ from spotlight.scheduling.traces import SpotTrace
 from spotlight.sim.clock import Clock
 from spotlight.sim.config import SimConfig
 from spotlight.sim.fleet import Fleet
-from spotlight.sim.model import (exploration_quality, iteration_progress, pipelined_split,
-                                 request_seconds, spread_ratio, train_seconds)
+from spotlight.sim.model import (
+    exploration_quality,
+    iteration_progress,
+    pipelined_split,
+    request_seconds,
+    spread_ratio,
+    train_seconds,
+)
 from spotlight.sim.stage import RequestStage, StageStats, Work
 
 SPOT_SYSTEMS = ("rlboost", "spotlight")

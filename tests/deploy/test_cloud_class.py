@@ -1,6 +1,6 @@
 """The cloud metadata plugin: each cloud's documented reply sets the worker's class, on a real
 Dask worker, and a spot worker acts on the same service's termination notice. Against a
-loopback HTTP server (tests/pipelines/test_notices.py's), no cloud and no internet."""
+loopback HTTP server (tests/conftest.py's `server`), no cloud and no internet."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,17 @@ import pytest
 from distributed import Client, Scheduler, Worker
 
 from pipelines.cluster import cloud_class
-from pipelines.cluster.cloud_class import (CLASS_PATHS, CloudClassSettings, Decision, Found,
-                                           classify, cloud_class_plugin, decide)
+from pipelines.cluster.cloud_class import (
+    CLASS_PATHS,
+    CloudClassSettings,
+    Decision,
+    Found,
+    classify,
+    cloud_class_plugin,
+    decide,
+)
 from pipelines.cluster.preemption import NOTICE_TOPIC, noticed, reset_notice
-from tests.pipelines.test_notices import ACTION, AZURE, GCP, TOKEN, server  # noqa: F401
+from tests.pipelines.test_notices import ACTION, AZURE, GCP, TOKEN
 
 LIFE_CYCLE, PREEMPTIBLE, COMPUTE = CLASS_PATHS["aws"], CLASS_PATHS["gcp"], CLASS_PATHS["azure"]
 AWS_TOKEN = "imds-session-token"
@@ -33,7 +40,8 @@ def serve(server, cloud: str, answer: str) -> None:
     if cloud == "aws":
         server.route("PUT", TOKEN, 200, AWS_TOKEN,
                      require={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-        server.route("GET", LIFE_CYCLE, 200, answer, require={"X-aws-ec2-metadata-token": AWS_TOKEN})
+        server.route("GET", LIFE_CYCLE, 200, answer,
+                     require={"X-aws-ec2-metadata-token": AWS_TOKEN})
     elif cloud == "gcp":
         server.route("GET", PREEMPTIBLE, 200, answer, require={"Metadata-Flavor": "Google"})
     else:
@@ -103,7 +111,8 @@ def test_settings_from_the_environment():
            "SPOTLIGHT_WORKER_SLOTS": "2", "SPOTLIGHT_GCP_URL": "http://127.0.0.1:1/x",
            "SPOTLIGHT_NOTICE_POLL_S": "0.5"}
     got = CloudClassSettings.from_env(env)
-    assert (got.clouds, got.fallback, got.slots, got.notice_poll_s) == (("gcp", "aws"), "gpu", 2, 0.5)
+    assert ((got.clouds, got.fallback, got.slots, got.notice_poll_s)
+            == (("gcp", "aws"), "gpu", 2, 0.5))
     assert got.notice_url("gcp") == "http://127.0.0.1:1/x" and got.notice_url("aws").startswith(
         "http://169.254.169.254/")
     assert CloudClassSettings.from_env({"SPOTLIGHT_CLOUDS": "none"}).clouds == ()
@@ -114,7 +123,7 @@ def test_settings_from_the_environment():
         CloudClassSettings.from_env({"SPOTLIGHT_CLASS_FALLBACK": "cheap"})
 
 
-# --- on a real Dask worker -------------------------------------------------------------------------
+# --- on a real Dask worker ----------------------------------------------------------------------
 
 def run(coroutine):
     """Run a cluster coroutine; the notice flag is process-wide, so it never outlives a test."""
@@ -151,7 +160,8 @@ def test_preload_registers_the_worker_with_its_class(server, monkeypatch, cloud,
 
     async def main():
         async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
-            async with Worker(s.address, nthreads=1, preload=["pipelines.cluster.cloud_class"]) as w:
+            async with Worker(s.address, nthreads=1,
+                              preload=["pipelines.cluster.cloud_class"]) as w:
                 # set before it registered: the scheduler never saw it without a class
                 assert s.workers[w.address].resources == {expected: 1}
                 assert w.state.available_resources == {expected: 1}
@@ -169,7 +179,8 @@ def test_a_spot_worker_hands_back_and_retires_on_its_clouds_notice(server, monke
 
     async def main():
         async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
-            async with Worker(s.address, nthreads=1, preload=["pipelines.cluster.cloud_class"]) as w:
+            async with Worker(s.address, nthreads=1,
+                              preload=["pipelines.cluster.cloud_class"]) as w:
                 await until(lambda: len(server.seen("GET", GCP)) >= 2, "the notice polls")
                 assert noticed() is None and w.address in s.workers
                 server.route("GET", GCP, 200, "TRUE", require={"Metadata-Flavor": "Google"})

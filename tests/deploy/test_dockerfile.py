@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 from pipelines.deploy.cli import CUDA_BUILD_ARG
 from pipelines.deploy.kubernetes import PROVIDERS, KubeOptions, scheduler_args, worker_args
@@ -47,7 +47,8 @@ def test_the_cpu_and_cuda_variants_are_one_build_argument():
 
 
 def test_every_package_of_the_project_is_copied_and_let_through_the_ignore_file():
-    packages = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = {p.rstrip("*")
+                for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
     copied = {args.split()[0] for args in of("COPY")}
     assert packages | {"pyproject.toml", "configs"} == copied
     allowed = {line[1:] for line in DOCKERIGNORE.splitlines() if line.startswith("!")}

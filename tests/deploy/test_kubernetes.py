@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.deploy.kubernetes import (API_VERSION, PRELOAD, PROVIDERS, TLS_FILES, TLS_MOUNT,
-                                         KubeOptions, SpotNodes, manifests,
-                                         write_manifests)
+from pipelines.deploy.kubernetes import (
+    API_VERSION,
+    PRELOAD,
+    TLS_FILES,
+    TLS_MOUNT,
+    KubeOptions,
+    SpotNodes,
+    manifests,
+    write_manifests,
+)
 from tests.deploy.conftest import scheduler_options, worker_options
 
 
@@ -84,7 +91,8 @@ def test_each_group_is_its_worker_class_on_its_own_nodes(generated):
 def test_worker_command_lines_parse_as_dask_worker_with_class_plugin_and_tls(generated, pki):
     (cluster, spot), _, _ = generated
     folder = Path(pki.ca_file).parent
-    for group, worker_class in ((cluster["spec"]["worker"], "gpu"), (spot["spec"]["worker"], "spot")):
+    for group, worker_class in ((cluster["spec"]["worker"], "gpu"),
+                                (spot["spec"]["worker"], "spot")):
         container = _container(group)
         assert container["args"][:2] == ["dask", "worker"]
         options = worker_options(_mounted(container["args"][2:], folder))

@@ -4,9 +4,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotlight.exploration.core import (Scored, audit_candidates, audit_steps, audit_tau,
-                                        candidate_seeds, first_drawn, gather, request_chunks,
-                                        selection_of)
+from spotlight.exploration.core import (
+    Scored,
+    audit_candidates,
+    audit_steps,
+    audit_tau,
+    candidate_seeds,
+    first_drawn,
+    gather,
+    request_chunks,
+    selection_of,
+)
 from spotlight.exploration.planner import Plan
 from spotlight.rl.trainer import random_seeds
 

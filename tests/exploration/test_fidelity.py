@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from spotlight.config import ConfigError, FidelityConfig
-from spotlight.exploration.fidelity import (FALLBACK, TRUSTING, RankFidelityMonitor, audit_due,
-                                            audit_picks, grouped_kendall_tau, kendall_tau)
+from spotlight.exploration.fidelity import (
+    FALLBACK,
+    TRUSTING,
+    RankFidelityMonitor,
+    audit_due,
+    audit_picks,
+    grouped_kendall_tau,
+    kendall_tau,
+)
 from spotlight.exploration.selection import max_variance_subset
 
 
@@ -117,7 +124,8 @@ def _iteration_taus(rng, relation: float, prompts: int = 32, candidates: int = 3
     selected = grouped_kendall_tau([stale[p, k] for p, k in enumerate(kept)],
                                    [fresh[p, k] for p, k in enumerate(kept)])
     picks = audit_picks(int(rng.integers(1 << 30)), 0, [candidates] * prompts, 4, 8)
-    audit = grouped_kendall_tau([stale[p, cs] for p, cs in picks], [fresh[p, cs] for p, cs in picks])
+    audit = grouped_kendall_tau([stale[p, cs] for p, cs in picks],
+                                [fresh[p, cs] for p, cs in picks])
     return selected, audit, grouped_kendall_tau(stale, fresh)
 
 

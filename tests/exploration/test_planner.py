@@ -5,8 +5,12 @@ import numpy as np
 import pytest
 
 from spotlight.config import ConfigError, PlannerConfig
-from spotlight.exploration.planner import (ExplorationPlanner, exploration_window_s, plan_cost,
-                                          predict_train_seconds)
+from spotlight.exploration.planner import (
+    ExplorationPlanner,
+    exploration_window_s,
+    plan_cost,
+    predict_train_seconds,
+)
 
 PROMPTS, GROUP, ROLLOUT_STEPS = 16, 8, 10
 
@@ -127,7 +131,8 @@ def test_every_decision_and_outcome_is_an_event():
     planner.record(plan, actual_s=2.0, selected_std=0.3, random_std=0.2)
     kinds = [e["kind"] for e in planner.events]
     assert kinds == ["plan", "outcome"]
-    assert planner.events[1]["actual_s"] == 2.0 and planner.events[1]["payoff"] == pytest.approx(0.25)
+    assert planner.events[1]["actual_s"] == 2.0
+    assert planner.events[1]["payoff"] == pytest.approx(0.25)
 
 
 def test_helpers_and_config_errors():

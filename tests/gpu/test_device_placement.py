@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.config import ConfigError, PROJECT_ROOT, load_config
+from spotlight.config import PROJECT_ROOT, ConfigError, load_config
 from spotlight.models.base import build_policy
 from spotlight.models.device import DeviceError, resolve_device, tensors_off
 from spotlight.models.qwen_image.policy import placement_dtype

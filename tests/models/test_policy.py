@@ -19,7 +19,8 @@ def test_pack_unpack_round_trip():
 def test_policy_predicts_velocity_of_packed_shape(tiny_model_config):
     policy = DigitsPolicy(tiny_model_config, 12, 32)
     x = torch.randn(3, *policy.tokens_shape)
-    v = policy.velocity(x, torch.tensor([0.5]), policy.encode(["a", 'a sign that says "1"', "b c d"]))
+    v = policy.velocity(x, torch.tensor([0.5]),
+                        policy.encode(["a", 'a sign that says "1"', "b c d"]))
     assert v.shape == x.shape and torch.isfinite(v).all()
     canvas = render_ocr("42", 12, 32, np.random.default_rng(0))
     decoded = policy.decode(pack(torch.from_numpy(to_model_space(canvas))[None]))

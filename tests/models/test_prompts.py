@@ -2,8 +2,13 @@ import json
 
 import pytest
 
-from spotlight.models.prompts import (PromptFileError, geneval_prompt, geneval_record, load_prompts,
-                                      ocr_prompt)
+from spotlight.models.prompts import (
+    PromptFileError,
+    geneval_prompt,
+    geneval_record,
+    load_prompts,
+    ocr_prompt,
+)
 
 
 def test_shipped_prompt_files_load_and_are_disjoint():

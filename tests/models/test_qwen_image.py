@@ -10,8 +10,12 @@ from spotlight.config.sections import ModelConfig
 from spotlight.models.base import Policy
 from spotlight.models.qwen_image.policy import QwenImagePolicy
 from spotlight.models.qwen_image.tiny import PROMPT_TEMPLATE, TEMPLATE_DROP, build_tiny_components
-from spotlight.models.qwen_image.weights import (WeightsError, load_components, local_folder,
-                                                 resolve_dtype)
+from spotlight.models.qwen_image.weights import (
+    WeightsError,
+    load_components,
+    local_folder,
+    resolve_dtype,
+)
 
 PROMPTS = ['a sign that says "59"', "a poster"]
 

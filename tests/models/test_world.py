@@ -2,8 +2,14 @@ import numpy as np
 from scipy import ndimage
 
 from spotlight.models.prompts import ObjectClause, Prompt
-from spotlight.models.world import (digit_images, random_geneval_prompt, random_ocr_prompt,
-                                    render_geneval, render_ocr, sample_digit)
+from spotlight.models.world import (
+    digit_images,
+    random_geneval_prompt,
+    random_ocr_prompt,
+    render_geneval,
+    render_ocr,
+    sample_digit,
+)
 
 
 def test_digits_come_from_the_bundled_data_set():

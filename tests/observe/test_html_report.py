@@ -26,8 +26,7 @@ from spotlight import main
 from spotlight.config import load_config
 from storage import RunStore
 from tests.pipelines.conftest import write_tiny_world
-from tests.storage.conftest import BUCKET, TEST_KEY, TEST_SECRET
-from tests.storage.conftest import _s3_environment, moto_s3  # noqa: F401 - fixtures used here
+from tests.storage.conftest import BUCKET, TEST_KEY, TEST_SECRET, _s3_environment, moto_s3  # noqa: F401 - fixtures used here
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\]\s*(.*)")

@@ -16,10 +16,10 @@ def trainer_and_batch(objective: str = "flow-grpo"):
     from spotlight.config import RunConfig
     from spotlight.models.base import build_policy
     from spotlight.models.prompts import Prompt
+    from spotlight.rl.noise import SampleKey
     from spotlight.rl.objectives import build_trainer
     from spotlight.rl.sampler import sample
     from spotlight.rl.trainer import Rollout
-    from spotlight.rl.noise import SampleKey
 
     torch.manual_seed(0)
     config = RunConfig().with_values({

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.bench.sp_chaos import after_committed, kill_when
+from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.cluster.runtime import runtime
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
-from pipelines.bench.sp_chaos import after_committed, kill_when
-from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.parallel.serve import GroupServer
 
 pytestmark = pytest.mark.timeout(900)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from pipelines.bench.sp import SPEC, request_inputs
-from pipelines.parallel import executor
-from pipelines.parallel.groups import SPGroups, live_workers
 from pipelines.bench.sp_chaos import after_committed, kill_when
 from pipelines.bench.sp_requests import denoise_alone, denoise_requests
+from pipelines.parallel import executor
+from pipelines.parallel.groups import SPGroups, live_workers
 from pipelines.parallel.serve import GroupRequestFailed, GroupServer
 
 pytestmark = pytest.mark.timeout(400)

@@ -3,9 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.parallel.membership import (CopyWeights, DissolveGroup, ExecutorJoined,
-                                           ExecutorLost, FormGroup, Membership, WeightsLoaded,
-                                           WeightsPublished, WeightsTrained, pack)
+from spotlight.parallel.membership import (
+    CopyWeights,
+    DissolveGroup,
+    ExecutorJoined,
+    ExecutorLost,
+    FormGroup,
+    Membership,
+    WeightsLoaded,
+    WeightsPublished,
+    WeightsTrained,
+    pack,
+)
 
 
 def node_of_eight(degrees=(4, 2, 1)) -> Membership:

@@ -12,19 +12,27 @@ finish, every node must be packed into serving groups.
 from __future__ import annotations
 
 import os
-
 from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from spotlight.parallel.membership import (CopyFailed, CopyWeights, ExecutorJoined,
-                                           ExecutorLost, ExecutorState, FormGroup, Membership,
-                                           WeightsLoaded, WeightsNotHeld, WeightsPublished,
-                                           WeightsTrained, pack)
+from spotlight.parallel.membership import (
+    CopyFailed,
+    CopyWeights,
+    ExecutorJoined,
+    ExecutorLost,
+    ExecutorState,
+    FormGroup,
+    Membership,
+    WeightsLoaded,
+    WeightsNotHeld,
+    WeightsPublished,
+    WeightsTrained,
+    pack,
+)
 
 NODES = ("n0", "n1")
 # Event sequences per run of the test; `make mutation` runs it once per mutant and sets fewer.

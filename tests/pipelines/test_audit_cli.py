@@ -105,7 +105,8 @@ def test_audit_s3_run_with_endpoint_and_env_credentials(tmp_path, monkeypatch, c
     for key, value in {"AWS_REQUEST_CHECKSUM_CALCULATION": "WHEN_REQUIRED",
                        "AWS_RESPONSE_CHECKSUM_VALIDATION": "WHEN_REQUIRED",
                        "AWS_EC2_METADATA_DISABLED": "true", "NO_PROXY": "127.0.0.1",
-                       "AWS_ACCESS_KEY_ID": "AKIAAUDITTEST", "AWS_SECRET_ACCESS_KEY": "audit-secret",
+                       "AWS_ACCESS_KEY_ID": "AKIAAUDITTEST",
+                       "AWS_SECRET_ACCESS_KEY": "audit-secret",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -2,8 +2,15 @@
 import numpy as np
 import pytest
 
-from pipelines.bench.bench_modes import (baseline_of, known_mode, objective_settings,
-                                         planned_ratio, session_mode, split_mode, stale_of)
+from pipelines.bench.bench_modes import (
+    baseline_of,
+    known_mode,
+    objective_settings,
+    planned_ratio,
+    session_mode,
+    split_mode,
+    stale_of,
+)
 from pipelines.bench.convergence import bench_convergence
 from pipelines.bench.convergence_report import best_baseline, speedup_by_mode
 
@@ -78,7 +85,8 @@ def test_the_budget_figure_holds_each_objectives_planned_capacities_in_order(tmp
                                                   "speedup_vs_vanilla": ratio(2.2)})]
     assert labels[0] == "time: vanilla / nft-spotlight"
     assert "time: nft-vanilla / nft-spotlight" in labels
-    assert "time: vanilla / spotlight" in labels and labels.count("time: vanilla / nft-spotlight") == 1
+    assert "time: vanilla / spotlight" in labels
+    assert labels.count("time: vanilla / nft-spotlight") == 1
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

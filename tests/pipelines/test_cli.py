@@ -5,15 +5,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotlight.config import PROJECT_ROOT as ROOT
-
 from spotlight import main
+from spotlight.config import PROJECT_ROOT as ROOT
 from tests.pipelines.conftest import run_quick_bench, spotlight_cli
 
 TINY = {
     "iterations": 2,
     "world": {"task": "ocr", "canvas_height": 12, "canvas_width": 32,
-              "train_prompts": str(ROOT / "configs/prompts/ocr_train.txt"), "val_prompts": str(ROOT / "configs/prompts/ocr_val.txt")},
+              "train_prompts": str(ROOT / "configs/prompts/ocr_train.txt"),
+              "val_prompts": str(ROOT / "configs/prompts/ocr_val.txt")},
     "model": {"num_layers": 1, "num_attention_heads": 1, "attention_head_dim": 16, "text_dim": 16,
               "text_layers": 1},
     "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
@@ -36,13 +36,14 @@ def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
                  "--store", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "validation reward before RL" in out and "validation reward after RL" in out
-    for name in ("validation_before.png", "validation_after.png", "reward_curve.png", "timeline.png",
-                 "report.html"):
+    for name in ("validation_before.png", "validation_after.png", "reward_curve.png",
+                 "timeline.png", "report.html"):
         assert (report / name).stat().st_size > 0
     page = (report / "report.html").read_text()
     assert all(f'<section id="{s}">' in page for s in ("summary", "rewards", "timeline", "cost"))
     summary = json.loads((report / "summary.json").read_text())
-    assert summary["iterations"] == 2 and [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
+    assert summary["iterations"] == 2
+    assert [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
 
 
 def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, outside_repo):
@@ -57,10 +58,9 @@ def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, outside_
 def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path,
                                                                 outside_repo):
     """Three modes, paired seeds in the harness (2 iterations each), the first seed's cluster
-    checks, and spotlight's planner planning on the time the stale check measured: the contract keys, the
-    plot, the cluster computing the harness's curve; a second
-    call without --resume refuses to overwrite, with --resume it adds a seed and reruns
-    nothing it had."""
+    checks, and spotlight's planner planning on the time the stale check measured: the contract
+    keys, the plot, the cluster computing the harness's curve; a second call without --resume
+    refuses to overwrite, with --resume it adds a seed and reruns nothing it had."""
     out_json = tmp_path / "conv.json"
     args = ["--config", str(tiny_yaml), "--target", "2.0",
             "--modes", "vanilla,stale,spotlight", "--set", "grpo.lr=0.0001"]

@@ -1,4 +1,5 @@
-"""Every mistake a user can make at the command line ends in one line, an exit code, and no store."""
+"""Every mistake a user can make at the command line ends in one line, an exit code, and no
+store."""
 from __future__ import annotations
 
 import http.server
@@ -96,8 +97,9 @@ def http_server():
 def test_a_scheduler_address_that_is_an_http_server_fails_in_time(workdir, http_server):
     """A real process, as a user runs it: no hang, one line, the cluster exit code, no store."""
     before = _files(workdir)
-    done = subprocess.run([sys.executable, "-m", "pipelines.front.cli", "run", "--config", "tiny.yaml",
-                           "--scheduler", http_server, "--set", "cluster.connect_timeout_s=8"],
+    done = subprocess.run([sys.executable, "-m", "pipelines.front.cli", "run", "--config",
+                           "tiny.yaml", "--scheduler", http_server, "--set",
+                           "cluster.connect_timeout_s=8"],
                           capture_output=True, text=True, timeout=110, cwd=workdir)
     assert done.returncode == 4, done.stderr
     assert "Traceback" not in done.stderr

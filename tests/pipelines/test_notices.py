@@ -1,19 +1,25 @@
-"""Preemption notice sources against a real loopback HTTP server (no sleeps, no internet)."""
+"""Preemption notice sources against a real loopback HTTP server (tests/conftest.py's `server`;
+no sleeps, no internet)."""
 from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipelines.cluster.notices import (AwsNotice, AzureNotice, FileNotice, GcpNotice, NoticeSource,
-                               build_sources, first_notice)
+from pipelines.cluster.notices import (
+    AwsNotice,
+    AzureNotice,
+    FileNotice,
+    GcpNotice,
+    NoticeSource,
+    build_sources,
+    first_notice,
+)
 from spotlight.scheduling.notice import AWS_URL, AZURE_URL, GCP_URL, VALID_SOURCES, Notice
 
 ACTION = "/latest/meta-data/spot/instance-action"
@@ -22,55 +28,6 @@ GCP = "/computeMetadata/v1/instance/preempted"
 AZURE = "/metadata/scheduledevents?api-version=2020-07-01"
 
 
-class FakeMetadata:
-    """Routes (method, path) -> (status, body, {header: required value}); records every request
-    (header names lower-cased: urllib title-cases them on the wire)."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], tuple[int, str, dict[str, str]]] = {}
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self.base = ""
-
-    def route(self, method: str, path: str, status: int, body: str = "", require=None) -> None:
-        self.routes[(method, path)] = (status, body, require or {})
-
-    def seen(self, method: str, path: str) -> list[dict[str, str]]:
-        return [h for m, p, h in self.requests if (m, p) == (method, path)]
-
-
-@pytest.fixture
-def server():
-    fake = FakeMetadata()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            fake.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
-            status, body, require = fake.routes.get((self.command, self.path), (404, "not found", {}))
-            missing = [k for k, v in require.items() if self.headers.get(k) != v]
-            if missing:  # metadata servers refuse requests without their marker header
-                status, body = (401 if "X-aws-ec2-metadata-token" in missing else 403), f"missing {missing}"
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PUT = _serve
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    fake.base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
-        yield fake
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def _epoch(*args) -> float:
@@ -109,19 +66,24 @@ def test_aws_past_deadline_floors_at_zero(server):
 
 
 def test_aws_imdsv2_token_is_sent(server):
-    server.route("PUT", TOKEN, 200, "secret-token", require={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-    server.route("GET", ACTION, 200, json.dumps({"action": "hibernate", "time": "2026-11-22T12:00:00Z"}),
+    server.route("PUT", TOKEN, 200, "secret-token",
+                 require={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    server.route("GET", ACTION, 200,
+                 json.dumps({"action": "hibernate", "time": "2026-11-22T12:00:00Z"}),
                  require={"X-aws-ec2-metadata-token": "secret-token"})
     notice = _aws(server, clock=lambda: _epoch(2026, 11, 22, 12, 0, 0)).check()
     assert notice is not None and "hibernate" in notice.reason
-    assert [h.get("x-aws-ec2-metadata-token-ttl-seconds") for h in server.seen("PUT", TOKEN)] == ["60"]
-    assert [h.get("x-aws-ec2-metadata-token") for h in server.seen("GET", ACTION)] == ["secret-token"]
+    assert [h.get("x-aws-ec2-metadata-token-ttl-seconds")
+            for h in server.seen("PUT", TOKEN)] == ["60"]
+    assert [h.get("x-aws-ec2-metadata-token")
+            for h in server.seen("GET", ACTION)] == ["secret-token"]
 
 
 @pytest.mark.parametrize("token_status", [404, 405])
 def test_aws_falls_back_to_imdsv1_without_token(server, token_status):
     server.route("PUT", TOKEN, token_status, "no tokens here")
-    server.route("GET", ACTION, 200, json.dumps({"action": "terminate", "time": "2026-11-22T12:00:00Z"}))
+    server.route("GET", ACTION, 200,
+                 json.dumps({"action": "terminate", "time": "2026-11-22T12:00:00Z"}))
     notice = _aws(server, clock=lambda: _epoch(2026, 11, 22, 11, 59, 30)).check()
     assert notice is not None and notice.deadline_s == 30.0
     (headers,) = server.seen("GET", ACTION)
@@ -189,7 +151,8 @@ def _event(kind: str, not_before: str = "Mon, 19 Sep 2016 18:29:47 GMT") -> dict
 def test_azure_preempt_gives_notice_with_deadline(server):
     server.route("GET", AZURE, 200, _azure_events(_event("Freeze"), _event("Preempt")),
                  require={"Metadata": "true"})
-    src = AzureNotice(server.base + AZURE, timeout_s=2.0, clock=lambda: _epoch(2016, 9, 19, 18, 29, 17))
+    src = AzureNotice(server.base + AZURE, timeout_s=2.0,
+                      clock=lambda: _epoch(2016, 9, 19, 18, 29, 17))
     notice = src.check()
     assert notice is not None and notice.source == "azure"
     assert notice.deadline_s == 30.0
@@ -263,7 +226,8 @@ def test_file_notice_before_and_after(tmp_path):
 # --- build_sources / first_notice --------------------------------------------------------------
 
 def test_build_sources_defaults_and_sigterm_skipped(tmp_path):
-    sources = build_sources(["sigterm", "file", "aws", "gcp", "azure"], file_path=str(tmp_path / "x"))
+    sources = build_sources(["sigterm", "file", "aws", "gcp", "azure"],
+                            file_path=str(tmp_path / "x"))
     assert [type(s) for s in sources] == [FileNotice, AwsNotice, GcpNotice, AzureNotice]
     assert [s.name for s in sources] == ["file", "aws", "gcp", "azure"]
     assert (sources[1].url, sources[2].url, sources[3].url) == (AWS_URL, GCP_URL, AZURE_URL)
@@ -273,7 +237,8 @@ def test_build_sources_defaults_and_sigterm_skipped(tmp_path):
 def test_build_sources_custom_urls(server):
     server.route("PUT", TOKEN, 200, "tok")
     server.route("GET", ACTION, 404)
-    aws, gcp = build_sources(["aws", "gcp"], aws_url=server.base + ACTION, gcp_url=server.base + GCP)
+    aws, gcp = build_sources(["aws", "gcp"], aws_url=server.base + ACTION,
+                             gcp_url=server.base + GCP)
     assert aws.token_url == server.base + TOKEN  # the token comes from the same (mock) host
     assert gcp.url == server.base + GCP
     assert aws.check() is None and aws.last_error is None

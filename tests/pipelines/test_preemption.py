@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from pipelines.cluster import dispatch as dispatch_glue
-from pipelines.run import tasks
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.injector import SpotFleet
-from pipelines.run.rollout import newcomer_warm_up
 from pipelines.front.session import Session
+from pipelines.run import tasks
+from pipelines.run.rollout import newcomer_warm_up
 from spotlight.config import load_config
 from spotlight.sim.replay import replay_decisions
 from storage import RunStore

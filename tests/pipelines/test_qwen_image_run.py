@@ -20,7 +20,8 @@ def test_two_spotlight_iterations_on_tiny_qwen_image(tmp_path, capsys):
     with Session.from_config(config, store=url, mode="spotlight") as session:
         history = session.run(2)
         store = session.store
-        tasks = [t for k in range(2) for t in store.get_json(f"iter-{k}/iteration", "tasks")["tasks"]]
+        tasks = [t for k in range(2)
+                 for t in store.get_json(f"iter-{k}/iteration", "tasks")["tasks"]]
         base, final = store.load_checkpoint(0).weights, store.load_checkpoint(2).weights
     assert list(history.index) == [0, 1]
     # The checkpoints are the adapter alone, in diffusers' LoRA layout.

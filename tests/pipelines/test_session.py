@@ -14,11 +14,10 @@ import pytest
 import torch
 import xarray as xr
 
-from spotlight.exploration.fidelity import grouped_kendall_tau
-
 from pipelines.cluster import ClusterError
 from pipelines.front.session import Session
 from spotlight.config import ConfigError, load_config
+from spotlight.exploration.fidelity import grouped_kendall_tau
 from storage import RunStore
 
 pytestmark = pytest.mark.timeout(600)
@@ -43,7 +42,8 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
         assert list(history.index) == [0, 1]
         assert history["cost_total_usd"].iloc[-1] > history["cost_usd"].iloc[0] > 0
     stages = {r["stage"] for r in records}
-    assert {"rollout", "reward", "advantages", "train", "checkpoint", "validation", "explore"} <= stages
+    assert {"rollout", "reward", "advantages", "train", "checkpoint", "validation",
+            "explore"} <= stages
     for r in records:
         expected = "spot-" if r["stage"] in ("explore", "audit") else "gpu-"
         assert r["worker"].startswith(expected), r
@@ -70,7 +70,8 @@ def test_spotlight_mode_places_tasks_and_explores_with_stale_weights(tiny_run_co
         table = xr.open_zarr(store.url + "/rewards.zarr")
         batch = xr.open_zarr(store.url + "/iter-000001/rollout.zarr/latents/p0000")
         explored = xr.open_zarr(store.url + "/iter-000001/explore.zarr/latents/p0000-c0000")
-    assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {"rollout", "explore"}
+    assert set(np.unique(table["stage"].values[~table["stage"].isnull().values])) >= {
+        "rollout", "explore"}
     steps = tiny_run_config.sampler.num_steps
     assert batch["latent"].dims == ("step", "sample", "token", "channel")
     assert batch.sizes["step"] == steps + 1 and int(batch["weights_version"]) == 1
@@ -142,8 +143,8 @@ def test_planner_and_rank_fidelity_are_wired_into_every_iteration(tiny_run_yaml,
 
 
 def _spotlight_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))",
-            *args]
+    return [sys.executable, "-c",
+            "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))", *args]
 
 
 def _wait_for_stage(store_path, stage: str, proc: subprocess.Popen, limit_s: float = 300) -> None:
@@ -167,8 +168,8 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     with Session.from_config(config, store=str(clean)) as session:
         session.run(2)
 
-    proc = subprocess.Popen(_spotlight_cmd("run", "--config", str(tiny_run_yaml), "--iterations", "2",
-                                           "--store", str(killed)),
+    proc = subprocess.Popen(_spotlight_cmd("run", "--config", str(tiny_run_yaml), "--iterations",
+                                           "2", "--store", str(killed)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -261,8 +262,8 @@ def test_run_against_real_dask_scheduler_and_workers(remote_cluster, tiny_run_co
     assert {r["worker"] for r in records if r["stage"] not in on_spot} == {"gpu-remote"}
 
 
-def test_cluster_without_spot_worker_says_so_and_offers_the_fallback(remote_cluster, tiny_run_config,
-                                                                      tmp_path):
+def test_cluster_without_spot_worker_says_so_and_offers_the_fallback(remote_cluster,
+                                                                      tiny_run_config, tmp_path):
     address, start_worker = remote_cluster
     start_worker("gpu", "gpu-only")
     tiny_run_config = tiny_run_config.with_values({"cluster.scheduler": address,
@@ -279,7 +280,8 @@ def test_cluster_without_spot_worker_says_so_and_offers_the_fallback(remote_clus
 
 
 def test_unreachable_scheduler_fails_fast_and_leaves_the_run_intact(tiny_run_config, tmp_path):
-    with Session.from_config(tiny_run_config, store=str(tmp_path / "run"), mode="vanilla") as session:
+    with Session.from_config(tiny_run_config, store=str(tmp_path / "run"),
+                             mode="vanilla") as session:
         session.run(1)
     before = (tmp_path / "run" / "manifest.json").read_bytes()
     nobody = f"tcp://127.0.0.1:{_free_port()}"

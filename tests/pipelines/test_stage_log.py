@@ -6,10 +6,21 @@ import uuid
 import pytest
 
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (RESULT_TYPES, AuditResult, ExploreResult, IterationRecord,
-                                  PlanResult, RewardResult, RolloutResult,
-                                  SelectionResult, Stage, StageRecordError,
-                                  TrainResult, ValidationResult, read_result)
+from pipelines.run.stages import (
+    RESULT_TYPES,
+    AuditResult,
+    ExploreResult,
+    IterationRecord,
+    PlanResult,
+    RewardResult,
+    RolloutResult,
+    SelectionResult,
+    Stage,
+    StageRecordError,
+    TrainResult,
+    ValidationResult,
+    read_result,
+)
 from spotlight.exploration.planner import Plan
 from storage import RunStore
 

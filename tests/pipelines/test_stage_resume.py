@@ -26,7 +26,8 @@ def _fingerprint(store) -> dict:
     weights = store.load_checkpoint(ITERATIONS).weights
     rewards = store.open_rewards()
     return {"weights": {k: v.clone() for k, v in weights.items()},
-            "reward": np.asarray(rewards["reward"].values), "seed": np.asarray(rewards["seed"].values),
+            "reward": np.asarray(rewards["reward"].values),
+            "seed": np.asarray(rewards["seed"].values),
             "selection": [store.get_json(f"iter-{k}/selection", "selection")["seeds"]
                           for k in range(ITERATIONS)]}
 

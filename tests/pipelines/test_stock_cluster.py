@@ -29,7 +29,8 @@ def _free_port() -> int:
 
 @pytest.fixture
 def stock_cluster(tmp_path):
-    """`dask scheduler` plus `dask worker ADDR --resources X=1` (nothing else) in an empty folder."""
+    """`dask scheduler` plus `dask worker ADDR --resources X=1` (nothing else) in an empty
+    folder."""
     folder = tmp_path / "cluster-cwd"
     folder.mkdir()
     port = _free_port()

@@ -4,8 +4,8 @@ from pipelines.front.timeline import (
     idle_share,
     merge_intervals,
     overlap_fraction,
-    stage_spans,
     plot_timeline,
+    stage_spans,
     worker_class,
 )
 

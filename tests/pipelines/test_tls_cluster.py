@@ -38,7 +38,8 @@ def tls_cluster(tmp_path):
                                        address, "--resources", f"{cls}=1", *tls],
                                       cwd=tmp_path, start_new_session=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    yield address, {"ca_file": pki.ca_file, "cert": pki.client_cert, "key": pki.client_key}, tmp_path
+    yield (address, {"ca_file": pki.ca_file, "cert": pki.client_cert, "key": pki.client_key},
+           tmp_path)
     for proc in procs:
         kill(proc)
 

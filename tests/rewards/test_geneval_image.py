@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.rewards.geneval_image import (Box, by_class, clause_results, geneval_image_score,
-                                             relations)
+from spotlight.rewards.geneval_image import (
+    Box,
+    by_class,
+    clause_results,
+    geneval_image_score,
+    relations,
+)
 
 
 def box(label, x, y, w=10.0, h=10.0, score=0.9):
@@ -79,7 +84,8 @@ def test_position_uses_the_margin_and_needs_its_anchor_clause():
 def test_relations_and_grouping():
     a, b = box("a", 10, 10), box("b", 50, 60)
     assert relations(a, b) == {"left of", "above"} and relations(b, a) == {"right of", "below"}
-    found = by_class([box("a", 0, 0, score=0.4), box("a", 5, 5, score=0.8), box("b", 1, 1, score=0.1)])
+    found = by_class([box("a", 0, 0, score=0.4), box("a", 5, 5, score=0.8),
+                      box("b", 1, 1, score=0.1)])
     assert [b.score for b in found["a"]] == [0.8, 0.4] and "b" not in found
 
 

@@ -10,8 +10,13 @@ import torch
 
 from spotlight.models.prompts import PALETTE
 from spotlight.rewards import recognizer as rec
-from spotlight.rewards.recognizer import (PATCH, Recognizer, load_or_train_recognizer,
-                                          make_patches, split_digits)
+from spotlight.rewards.recognizer import (
+    PATCH,
+    Recognizer,
+    load_or_train_recognizer,
+    make_patches,
+    split_digits,
+)
 
 
 def test_held_out_accuracy_is_at_least_97_percent(recognizer: Recognizer) -> None:

@@ -18,7 +18,8 @@ def test_both_rewards_are_registered() -> None:
 
 
 def test_unknown_reward_name_lists_registered_ones() -> None:
-    with pytest.raises(ValueError, match=r"'clipscore'.*\['geneval', 'geneval-image', 'ocr'") as err:
+    with pytest.raises(ValueError,
+                       match=r"'clipscore'.*\['geneval', 'geneval-image', 'ocr'") as err:
         build_reward(RewardConfig(name="clipscore"))
     assert "RewardConfig.name" in str(err.value)
 

@@ -25,10 +25,22 @@ from spotlight.models.prompts import ObjectClause, Prompt
 from spotlight.models.world import random_ocr_prompt, render_ocr
 from spotlight.rewards import build_reward
 from spotlight.rewards.recognizer import DigitNet, recognizer_dir
-from spotlight.rewards.service import (PROTOCOL, Health, ProtocolError, RewardServiceError,
-                                       ServiceReward, decode_images, decode_prompt,
-                                       decode_request, encode_images, encode_prompt,
-                                       encode_request, encode_rewards, error_body, retry_delay)
+from spotlight.rewards.service import (
+    PROTOCOL,
+    Health,
+    ProtocolError,
+    RewardServiceError,
+    ServiceReward,
+    decode_images,
+    decode_prompt,
+    decode_request,
+    encode_images,
+    encode_prompt,
+    encode_request,
+    encode_rewards,
+    error_body,
+    retry_delay,
+)
 from spotlight.rewards.text_ocr import RapidOcrEngine, TextOcrReward
 from tests.rewards.test_text_ocr import prompt as ocr_text_prompt
 from tests.rewards.test_text_ocr import rendered

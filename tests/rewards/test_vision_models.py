@@ -34,8 +34,13 @@ def detector_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor,
-                              PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        CLIPProcessor,
+        PreTrainedTokenizerFast,
+    )
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("clip")
@@ -83,7 +88,8 @@ def test_a_detector_folder_without_its_processor_is_named(detector_folder, tmp_p
 
     shutil.copytree(detector_folder, tmp_path / "det")
     (tmp_path / "det" / "preprocessor_config.json").unlink()
-    with pytest.raises(StagingError, match=r"lacks \['preprocessor_config.json or processor_config.json'\]"):
+    with pytest.raises(StagingError, match=r"lacks \['preprocessor_config.json or "
+                                           r"processor_config.json'\]"):
         TransformersDetector(str(tmp_path / "det"))
 
 

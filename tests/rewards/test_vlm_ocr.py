@@ -21,8 +21,13 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }} : {% for c in m['con
 @pytest.fixture(scope="module")
 def vlm_folder(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import (CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration,
-                              LlavaProcessor, PreTrainedTokenizerFast)
+    from transformers import (
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("vlm")

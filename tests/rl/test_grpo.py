@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from spotlight.models.prompts import Prompt
 from spotlight.rl.grpo import group_advantages, learning_rate, ppo_clipped_loss
 from spotlight.rl.trainer import iteration_prompts, random_seeds
-from spotlight.models.prompts import Prompt
 
 
 def test_group_advantages_standardise_per_prompt_and_drop_flat_groups():

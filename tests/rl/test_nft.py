@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.rl.nft import noised, nft_loss, optimality, training_noise, training_sigmas
+from spotlight.rl.nft import nft_loss, noised, optimality, training_noise, training_sigmas
 
 
 def test_optimality_maps_the_clipped_advantage_onto_zero_to_one():

@@ -6,10 +6,21 @@ import torch
 from spotlight.config import SamplerConfig
 from spotlight.models.policy import DigitsPolicy
 from spotlight.rl.noise import SampleKey, batch_noise
-from spotlight.rl.sampler import (sample, step_grid, step_kinds, trainable_steps,
-                                   transition_distribution)
-from spotlight.rl.sde import (cps_step, flow_sde_step, gaussian_log_prob, kl_to_reference,
-                              ode_step, sigma_schedule)
+from spotlight.rl.sampler import (
+    sample,
+    step_grid,
+    step_kinds,
+    trainable_steps,
+    transition_distribution,
+)
+from spotlight.rl.sde import (
+    cps_step,
+    flow_sde_step,
+    gaussian_log_prob,
+    kl_to_reference,
+    ode_step,
+    sigma_schedule,
+)
 
 
 @pytest.fixture
@@ -28,7 +39,8 @@ def test_flow_sde_step_mean_and_std_match_the_formula():
     dist = flow_sde_step(x, v, sigma, nxt, a, sigma_cap=0.9)
     dt = nxt - sigma
     std_t = a * math.sqrt(sigma / (1 - sigma))
-    mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    mean = (x * (1 + std_t**2 / (2 * sigma) * dt)
+            + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt)
     assert torch.allclose(dist.mean, mean, atol=1e-7)
     assert dist.std.item() == pytest.approx(std_t * math.sqrt(-dt), rel=1e-6)
 
@@ -88,7 +100,8 @@ def test_sampling_is_deterministic_per_sample_and_resumable(policy):
     again = sample(policy, prompts, keys(2), config)
     assert torch.equal(first.final, again.final)
     # Resuming from a committed step gives bit-identical output.
-    resumed = sample(policy, prompts, keys(2), config, start_step=3, start_latents=first.latents[:, 3])
+    resumed = sample(policy, prompts, keys(2), config, start_step=3,
+                     start_latents=first.latents[:, 3])
     assert torch.equal(resumed.final, first.final)
     other_seed = sample(policy, prompts, keys(2, run_seed=4), config)
     assert not torch.allclose(other_seed.final, first.final)

@@ -3,11 +3,28 @@ import random
 
 import pytest
 
-from spotlight.scheduling.dispatch import (Assign, Cancel, Dispatcher, GaveUp, Ignored,
-                                           NoticeReceived, RequestDone, RequestPreempted,
-                                           RequestProgressed, RequestState, RequestSubmitted,
-                                           Requeued, ResultLost, Retired, StageClosed, Starved,
-                                           Tick, WorkerJoined, WorkerLost, WorkerState)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    Cancel,
+    Dispatcher,
+    GaveUp,
+    Ignored,
+    NoticeReceived,
+    RequestDone,
+    RequestPreempted,
+    RequestProgressed,
+    RequestState,
+    RequestSubmitted,
+    Requeued,
+    ResultLost,
+    Retired,
+    StageClosed,
+    Starved,
+    Tick,
+    WorkerJoined,
+    WorkerLost,
+    WorkerState,
+)
 
 
 def of(actions, kind):

@@ -1,8 +1,14 @@
 """What a metadata reply means, without any I/O (the HTTP polling is tested in pipelines)."""
 import pytest
 
-from spotlight.scheduling.notice import (GCP_GRACE_S, NoNotice, aws_notice, azure_notice,
-                                         gcp_notice, parse_iso)
+from spotlight.scheduling.notice import (
+    GCP_GRACE_S,
+    NoNotice,
+    aws_notice,
+    azure_notice,
+    gcp_notice,
+    parse_iso,
+)
 
 NOW = parse_iso("2026-11-24T12:00:00Z").timestamp()
 

@@ -3,10 +3,21 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.scheduling.dispatch import (Assign, AttemptOvertaken, Cancel, Dispatcher,
-                                           Offload, RequestDone,
-                                           RequestPreempted, RequestState, RequestSubmitted,
-                                           Requeued, Tick, WorkerJoined, WorkerLost)
+from spotlight.scheduling.dispatch import (
+    Assign,
+    AttemptOvertaken,
+    Cancel,
+    Dispatcher,
+    Offload,
+    RequestDone,
+    RequestPreempted,
+    RequestState,
+    RequestSubmitted,
+    Requeued,
+    Tick,
+    WorkerJoined,
+    WorkerLost,
+)
 from spotlight.scheduling.offload import SpeedBook, eft_plan, planned_takers, straggler
 
 
@@ -205,9 +216,17 @@ def _random_stage(seed: int, by_the_book: bool) -> list:
     shorter than measured (overdue slots), with workers joining, noticed and killed."""
     import random
 
-    from spotlight.scheduling.dispatch import (Dispatcher, NoticeReceived, Offload,
-                                               RequestDone, RequestPreempted,
-                                               RequestSubmitted, Tick, WorkerJoined, WorkerLost)
+    from spotlight.scheduling.dispatch import (
+        Dispatcher,
+        NoticeReceived,
+        Offload,
+        RequestDone,
+        RequestPreempted,
+        RequestSubmitted,
+        Tick,
+        WorkerJoined,
+        WorkerLost,
+    )
 
     rng = random.Random(seed)
     d = Dispatcher(offload=Offload())

@@ -32,7 +32,8 @@ def _trace_dir() -> Path:
     """The shared spot traces ($SPOTLIGHT_TRACES, else ../shared/traces beside the repo); where
     they are not, files of the same names and formats holding their opening stretch."""
     env = os.environ.get("SPOTLIGHT_TRACES")
-    for candidate in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[3] / "shared" / "traces"]:
+    beside_the_repo = Path(__file__).resolve().parents[3] / "shared" / "traces"
+    for candidate in ([Path(env)] if env else []) + [beside_the_repo]:
         if (candidate / "g4dn-events.csv").is_file():
             return candidate
     root = Path(tempfile.mkdtemp(prefix="spotlight-traces-"))

@@ -6,9 +6,17 @@ import math
 import pytest
 
 from spotlight.sim.config import TimingConfig
-from spotlight.sim.model import (comm_init_seconds, exploration_quality, iteration_progress,
-                                 iterations_to_target, pipelined_split, request_seconds,
-                                 spread_ratio, step_seconds, train_seconds)
+from spotlight.sim.model import (
+    comm_init_seconds,
+    exploration_quality,
+    iteration_progress,
+    iterations_to_target,
+    pipelined_split,
+    request_seconds,
+    spread_ratio,
+    step_seconds,
+    train_seconds,
+)
 
 T = TimingConfig(step_s=0.5, batch_exponent=0.5, sp_degree=2, sp_speedup=1.6,
                  train_s_per_image=2.0, resume_s=0.25, comm_init_s_per_rank=3.0)

@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from storage import RunStore, StreamOvertakenError
-from storage.attempts import (LATENT, Attempt, array_name, attempt_of, claimed, fenced_by,
-                              lineage_of, segments)
+from storage.attempts import (
+    LATENT,
+    Attempt,
+    array_name,
+    attempt_of,
+    claimed,
+    fenced_by,
+    lineage_of,
+    segments,
+)
 
 STAGE = "iter-4/rollout"
 SHAPE = (6, 3)

@@ -9,8 +9,9 @@ import uuid
 import pytest
 
 from storage import StorageConfig
-from storage.conditional import (WriteConflict, create_exclusive, read_versioned, replace_if)
-from storage.urls import check_reachable, open_location as _open_location
+from storage.conditional import WriteConflict, create_exclusive, read_versioned, replace_if
+from storage.urls import check_reachable
+from storage.urls import open_location as _open_location
 
 
 def open_location(config: StorageConfig):
@@ -82,7 +83,8 @@ def _process_increments(config: StorageConfig, times: int, queue) -> None:
     queue.put(_increment(open_location(config), times))
 
 
-@pytest.mark.parametrize("racing_config", ["file", "s3"], indirect=True)   # memory:// is per process
+# memory:// is per process
+@pytest.mark.parametrize("racing_config", ["file", "s3"], indirect=True)
 def test_concurrent_processes_lose_no_update(racing_config):
     """Separate processes (the way two drivers or two attempts race): the store orders them."""
     config = racing_config

@@ -6,9 +6,16 @@ import threading
 import numpy as np
 import pytest
 
+from storage import (
+    CorruptObjectError,
+    NotCommittedError,
+    ResumePoint,
+    RunStore,
+    SinkClosedError,
+    StorageError,
+    StreamOvertakenError,
+)
 from storage.attempts import FIRST, Attempt
-from storage import (CorruptObjectError, NotCommittedError, ResumePoint, RunStore,
-                     SinkClosedError, StorageError, StreamOvertakenError)
 
 STAGE = "iter-3/rollout"
 SHAPE = (12, 4)  # (tokens, channels)
@@ -132,8 +139,9 @@ def test_a_twin_behind_never_moves_the_marker_back(store_config):
         run_request(fast, "r", seed=5, num_steps=8, start=store.resume_point(STAGE, "r"),
                     attempt=Attempt(0, 2))
     slow.commit("r", 5, toy_step(latent, 5, 4), num_steps=8, weights_version=3)
-    with pytest.raises(StreamOvertakenError, match=r"attempt e0a2 took .* over \(committed "
-                                                   r"through step 8\); attempt e0a1 stops at step 5"):
+    with pytest.raises(StreamOvertakenError,
+                       match=r"attempt e0a2 took .* over \(committed through step 8\); attempt "
+                             r"e0a1 stops at step 5"):
         slow.flush()
     slow.close(raise_errors=False)
     assert store.latents.committed_step(STAGE, "r") == 8

@@ -95,7 +95,8 @@ def test_the_writer_reads_once_and_readers_see_every_record(tmp_path):
         writer.mark_stage_done(f"iter-{k}/rollout", {"k": k})
         assert writer.stage_record(f"iter-{k}/rollout")["info"] == {"k": k}
     assert writer.manifest.reads - start <= 1
-    assert [reader.stage_record(f"iter-{k}/rollout")["info"]["k"] for k in range(5)] == list(range(5))
+    assert [reader.stage_record(f"iter-{k}/rollout")["info"]["k"]
+            for k in range(5)] == list(range(5))
     # A copy handed out cannot change the writer's own.
     writer.stage_record("iter-0/rollout")["info"]["k"] = 99
     assert writer.stage_record("iter-0/rollout")["info"]["k"] == 0

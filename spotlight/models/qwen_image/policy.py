@@ -24,8 +24,13 @@ from torch import nn
 from spotlight.models.base import register_base, register_decoder, register_policy
 from spotlight.models.device import autocast, module_device, place, resolve_device, to_device
 from spotlight.models.qwen_image.template import PROMPT_TEMPLATE, TEMPLATE_DROP
-from spotlight.models.qwen_image.weights import (Components, load_components, local_folder,
-                                                 resolve_dtype, scheduler_sigmas)
+from spotlight.models.qwen_image.weights import (
+    Components,
+    load_components,
+    local_folder,
+    resolve_dtype,
+    scheduler_sigmas,
+)
 
 PREFIX = "transformer."   # diffusers' LoRA state-dict prefix for the transformer's adapter
 

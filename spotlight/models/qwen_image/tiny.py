@@ -111,7 +111,8 @@ def build_scheduler():
     # Qwen-Image's scheduler settings: resolution-dependent (dynamic) exponential shift.
     return FlowMatchEulerDiscreteScheduler(
         num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5,
-        max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192, time_shift_type="exponential")
+        max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192,
+        time_shift_type="exponential")
 
 
 def build_tiny_components(folder: str | Path) -> Path:
