@@ -41,12 +41,19 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipelines.bench.learning import TASK_CONFIGS
-from pipelines.bench.registry import register_bench, write_result
+from pipelines.bench.bench_modes import (
+    SEED_MODES,
+    known_mode,
+    objective_settings,
+    planned_ratio,
+    seed_mode,
+    session_mode,
+    stale_of,
+)
 from pipelines.bench.convergence_report import summarize
-from pipelines.bench.bench_modes import (SEED_MODES, known_mode, objective_settings,
-                                         planned_ratio, seed_mode, session_mode, stale_of)
+from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
+from pipelines.bench.registry import register_bench, write_result
 from pipelines.front.session import Session
 from pipelines.observe.run_view import RunView
 from spotlight.config import RunConfig, load_config
@@ -235,7 +242,8 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     facts = {"task": cfg.world.task, "config": cfg.source, "base_val_reward": base,
              "target": goal, "seeds_asked": seeds, "modes": list(modes), "iterations": iterations,
              "budget": budget, "validation_every": every, "overrides": settings,
-             "png": str(png), "parts": str(folder), "prompts_per_iteration": cfg.grpo.prompts_per_iteration,
+             "png": str(png), "parts": str(folder),
+             "prompts_per_iteration": cfg.grpo.prompts_per_iteration,
              "candidates": cfg.exploration.candidates, "group_size": cfg.grpo.group_size,
              "product": product}
     seed_list = [cfg.seed + s for s in range(seeds)]

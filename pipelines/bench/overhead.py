@@ -24,9 +24,14 @@ from pathlib import Path
 
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.front.session import Session
+from pipelines.front.timeline import (
+    CRITICAL_STAGES,
+    idle_share,
+    overlap_fraction,
+    plot_timeline,
+    stage_spans,
+)
 from pipelines.run.inprocess import InProcessRun
-from pipelines.front.timeline import (CRITICAL_STAGES, idle_share, overlap_fraction,
-                                      plot_timeline, stage_spans)
 from spotlight.config import RunConfig, load_config, shipped_config
 from spotlight.models.base import base_policy
 from spotlight.rewards import build_reward

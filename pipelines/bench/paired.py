@@ -2,7 +2,7 @@
 processes (one torch thread each, like a worker) and saved as it finishes, so a bench cut off
 part-way continues with ``--resume`` from the jobs it has.
 
-A job is one :class:`~pipelines.run.inprocess.InProcessRun` run from the cached base model, validated
+A job is one :class:`~pipelines.run.inprocess.InProcessRun` from the cached base model, validated
 every ``every`` iterations on the fixed validation set, until it has reached the target and run
 the fixed budget, or for at most ``iterations``. Its numbers are the cluster's (the harness
 computes them bit for bit), so what differs between modes here is only what they learn per
@@ -23,15 +23,13 @@ from typing import Callable
 
 import numpy as np
 
-from pipelines.bench.bench_modes import (objective_settings, planned_ratio, seed_mode,
-                                         session_mode)
+from pipelines.bench.bench_modes import objective_settings, planned_ratio, seed_mode, session_mode
 from pipelines.cluster.connect import TaskFailedError
 from pipelines.run.inprocess import InProcessRun
-from spotlight.iteration import TimeModel
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
+from spotlight.iteration import TimeModel
 from spotlight.staging import file_sha256
-
 
 # What a saved job's mode names mean: 2 = 'spotlight' is stale exploration with the planner and
 # 'stale' the fixed arm (in 1, 'spotlight' was the fixed arm and 'planned' the planner). Part of

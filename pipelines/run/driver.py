@@ -28,12 +28,23 @@ from pipelines.run.context import CarriedOver
 from pipelines.run.dp_train import data_parallel, dp_train
 from pipelines.run.exploration import Exploration, MeasuredTime
 from pipelines.run.explored import explored_rollout_task
-from pipelines.run.rollout import (OneGpuTask, PulledRequests, RolloutBackend, finish_rollout,
-                                   rollout_requests)
+from pipelines.run.rollout import (
+    OneGpuTask,
+    PulledRequests,
+    RolloutBackend,
+    finish_rollout,
+    rollout_requests,
+)
 from pipelines.run.sp_rollout import SPGroupsBackend
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, Stage,
-                                  TrainResult, ValidationResult)
+from pipelines.run.stages import (
+    IterationRecord,
+    RewardResult,
+    RolloutResult,
+    Stage,
+    TrainResult,
+    ValidationResult,
+)
 from pipelines.run.state import IterationResult, IterationWork, iteration_result
 from spotlight.config import RunConfig, rollout_sp_degree
 from spotlight.cost import CostLedger, load_prices, worker_class_prices

@@ -33,14 +33,27 @@ from pipelines.run.explored import explored_rollout_task
 from pipelines.run.records import stage_name
 from pipelines.run.rollout import RolloutDone, finish_rollout, rollout_requests, rollout_task
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (IterationRecord, RewardResult, RolloutResult, Stage,
-                                  TrainResult, ValidationResult)
+from pipelines.run.stages import (
+    IterationRecord,
+    RewardResult,
+    RolloutResult,
+    Stage,
+    TrainResult,
+    ValidationResult,
+)
 from spotlight.config import ConfigError, RunConfig
 from spotlight.exploration import core
 from spotlight.exploration.fidelity import grouped_kendall_tau
 from spotlight.exploration.planner import Plan
-from spotlight.iteration import (IterationOutcome, IterationProgram, NoPlanningTime, TimeModel,
-                                 drive, requests, validation_due)
+from spotlight.iteration import (
+    IterationOutcome,
+    IterationProgram,
+    NoPlanningTime,
+    TimeModel,
+    drive,
+    requests,
+    validation_due,
+)
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import Prompt, world_prompts
 from spotlight.modes import MODE_NAMES, MODES

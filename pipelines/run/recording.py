@@ -14,8 +14,7 @@ from typing import Any
 
 from pipelines.run.records import stage_name
 from pipelines.run.stage_log import StageLog
-from pipelines.run.stages import (AuditResult, ExploreResult, PlanResult, SelectionResult,
-                                  Stage)
+from pipelines.run.stages import AuditResult, ExploreResult, PlanResult, SelectionResult, Stage
 from spotlight.exploration import Selection, core
 from spotlight.exploration.planner import Plan
 from spotlight.iteration.requests import Candidates, scored_of

@@ -26,7 +26,7 @@ def explored_samples(request: str) -> str:
 
 def worker_name() -> str:
     try:
-        from distributed import get_worker   # absent in the in-process harness's own runs
+        from distributed import get_worker  # absent in the in-process harness's own runs
 
         return str(get_worker().name)
     except (ImportError, ValueError):

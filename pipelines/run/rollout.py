@@ -30,10 +30,15 @@ from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.preemption import WARM_UP_KEY, HandedBack
 from pipelines.run import rollout_store, tasks
 from pipelines.run.context import StageContext
-from pipelines.run.streamed import (RequestRun, RolledOut, StreamedRequest, run_streamed_request,
-                                    sample_streamed)
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import RolloutResult, Stage
+from pipelines.run.streamed import (
+    RequestRun,
+    RolledOut,
+    StreamedRequest,
+    run_streamed_request,
+    sample_streamed,
+)
 from spotlight.iteration import pulled  # noqa: F401  (re-exported: where rollouts run)
 from spotlight.models.prompts import Prompt
 from spotlight.rl.sampler import Trajectory

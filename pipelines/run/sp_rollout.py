@@ -10,7 +10,8 @@ node's other executors through shared memory, never to a communicator anew.
 
 A request is the same fixed-shape request the single-worker rollout samples
 (:func:`~pipelines.run.rollout.rollout_requests`); every member of its group runs the sampler,
-the transformer computing its share of the sequence (:func:`spotlight.parallel.ulysses.sequence_parallel`),
+the transformer computing its share of the sequence
+(:func:`spotlight.parallel.ulysses.sequence_parallel`),
 and the group's rank 0 commits every step to the run store. A member lost mid-request breaks
 its group: the survivors regroup in under a second and the request resumes from its last
 committed step on whichever group pulls it next -- the trajectory and log-probabilities equal
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-
 
 from pipelines.cluster.connect import Absence
 from pipelines.parallel import executor

@@ -48,7 +48,7 @@ class IterationResult:
     plan_predicted_s: float | None = None
     plan_budget_s: float | None = None
     plan_overrun: bool | None = None       # exploration ran past the training window
-    preemptions: int = 0                   # spot requests preempted (hard + graceful) this iteration
+    preemptions: int = 0                   # spot requests preempted (hard + graceful)
     approx_kl: float | None = None         # PPO's approximate KL to the rollout policy (None:
     learning_rate: float | None = None     # ... and the step's rate; recorded before they were)
     explore_wait_s: float | None = None    # after its own work, waiting for the next iteration's

@@ -29,8 +29,14 @@ from pipelines.cluster.preemption import HandedBack, StopAtStep, check_notice
 from pipelines.run.records import stage_name, task_record
 from spotlight.config import RunConfig
 from spotlight.models.base import Policy
-from spotlight.rl.sampler import (Trajectory, initial_latents, sample, schedule_of, step_grid,
-                                  transition_distribution)
+from spotlight.rl.sampler import (
+    Trajectory,
+    initial_latents,
+    sample,
+    schedule_of,
+    step_grid,
+    transition_distribution,
+)
 from spotlight.rl.sde import gaussian_log_prob
 from storage import RunStore
 from storage.attempts import FIRST, Attempt

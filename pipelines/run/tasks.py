@@ -19,8 +19,13 @@ import torch
 
 from pipelines.cluster.preemption import HandedBack
 from pipelines.cluster.runtime import runtime
-from pipelines.run.records import (STAGES_WITH_SAMPLES, explore_request, explored_samples,
-                                   stage_name, task_record)
+from pipelines.run.records import (
+    STAGES_WITH_SAMPLES,
+    explore_request,
+    explored_samples,
+    stage_name,
+    task_record,
+)
 from pipelines.run.rollout_store import read_rollout
 from pipelines.run.streamed import Explored, RequestRun, StreamedRequest, run_streamed_request
 from spotlight.config import RunConfig, config_hash
@@ -28,14 +33,12 @@ from spotlight.models.base import Policy, build_policy, stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import Advantages, group_advantages
-from spotlight.rl.sampler import Trajectory, schedule_of, step_grid, trainable_steps
 from spotlight.rl.objectives import build_trainer
+from spotlight.rl.sampler import Trajectory, schedule_of, step_grid, trainable_steps
 from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
 from storage.attempts import FIRST, Attempt
-
-
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,17 @@ from collections.abc import Callable
 from typing import Any
 
 from spotlight.iteration import requests
-from spotlight.iteration.program import (IterationOutcome, IterationProgram, Program,
-                                         explore_window, explored_stage, pulled,
-                                         selected_seed_tau, trains_on_explored, validation_due)
+from spotlight.iteration.program import (
+    IterationOutcome,
+    IterationProgram,
+    Program,
+    explore_window,
+    explored_stage,
+    pulled,
+    selected_seed_tau,
+    trains_on_explored,
+    validation_due,
+)
 from spotlight.iteration.timing import NoPlanningTime, PlanningInputs, PlanningTime, TimeModel
 
 

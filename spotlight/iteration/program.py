@@ -35,13 +35,31 @@ from spotlight.exploration import Selection, core
 from spotlight.exploration.fidelity import RankFidelityMonitor, audit_due, grouped_kendall_tau
 from spotlight.exploration.planner import ExplorationPlanner, Plan
 from spotlight.exploration.selection import random_group_std, seed_source
-from spotlight.iteration.requests import (Candidates, ComputeAdvantages, EmbedPrompts,
-                                          FidelityChanged, FinishAudit, FinishExploration,
-                                          ReadCandidates, ReadRewards, ReadSelection,
-                                          RecordAudit, RecordPlan, RecordSelection, RollOut,
-                                          RollOutExplored, Score, StageRequest, StageStarted,
-                                          StageView, StartAudit, StartExploration, Train,
-                                          Validate, scored_of)
+from spotlight.iteration.requests import (
+    Candidates,
+    ComputeAdvantages,
+    EmbedPrompts,
+    FidelityChanged,
+    FinishAudit,
+    FinishExploration,
+    ReadCandidates,
+    ReadRewards,
+    ReadSelection,
+    RecordAudit,
+    RecordPlan,
+    RecordSelection,
+    RollOut,
+    RollOutExplored,
+    Score,
+    StageRequest,
+    StageStarted,
+    StageView,
+    StartAudit,
+    StartExploration,
+    Train,
+    Validate,
+    scored_of,
+)
 from spotlight.iteration.timing import PlanningTime
 from spotlight.models.base import stores_prompts
 from spotlight.models.prompts import Prompt
@@ -204,7 +222,7 @@ class IterationProgram:
                                 following.explored, following.filled, val_reward,
                                 self.monitor.state)
 
-    # --- seeds -------------------------------------------------------------------------------------
+    # --- seeds -----------------------------------------------------------------------------------
     def seeds_for(self, k: int) -> Program:
         """(selection, source) of iteration k: recorded, explored synchronously now, selected
         among the stale candidates (or their first G, in fallback), or random."""
@@ -253,7 +271,7 @@ class IterationProgram:
             filled = int(selection.filled.sum())
         return _NextSeeds(planned, found.explored, filled)
 
-    # --- exploring the next iteration ----------------------------------------------------------
+    # --- exploring the next iteration ------------------------------------------------------------
     def _start_next(self, k: int) -> Program:
         """Plan the exploration of k+1 and start it with θ_k: (plan, handle or None)."""
         plan = yield from self.plan(k + 1)
@@ -301,7 +319,7 @@ class IterationProgram:
         self.planner.record(plan, actual_s, float(np.mean(advantages["group_std"])), random_std,
                             billed_s)
 
-    # --- the rollout -------------------------------------------------------------------------------
+    # --- the rollout -----------------------------------------------------------------------------
     def _rollout_and_reward(self, k: int, prompts: list[Prompt], selection: Selection,
                             source: str) -> Program:
         """(rewards, whether the rollout is the explored samples), skipping what is recorded."""
@@ -320,7 +338,7 @@ class IterationProgram:
             return None
         return selected_seed_tau((yield ReadCandidates(k, STALE)), selection, rewards)
 
-    # --- rank fidelity -----------------------------------------------------------------------------
+    # --- rank fidelity ---------------------------------------------------------------------------
     def _start_audit(self, k: int) -> Program:
         """Re-score a random subset of k's stale candidates with θ_k, at the steps the stale
         exploration took (it measures staleness and nothing else): a handle, or None."""
@@ -361,8 +379,3 @@ def validation_due(config: RunConfig, k: int, iterations: int) -> bool:
     """Whether θ_k+1 is validated in a run of ``iterations``: every ``validation.every`` and
     after the last."""
     return (k + 1) % config.validation.every == 0 or k + 1 == iterations
-
-
-__all__ = ["IterationOutcome", "IterationProgram", "Program", "explore_window",
-           "explored_stage", "pulled", "selected_seed_tau", "trains_on_explored",
-           "validation_due", "field"]

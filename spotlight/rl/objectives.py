@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from spotlight.models.device import module_device, to_device
-from spotlight.rl.nft import noised, nft_loss, optimality, training_noise, training_sigmas
-from spotlight.rl.trainer import ZERO_STATS, FlowGRPO, Rollout
+from spotlight.rl.nft import nft_loss, noised, optimality, training_noise, training_sigmas
 from spotlight.rl.sampler import Trajectory
+from spotlight.rl.trainer import ZERO_STATS, FlowGRPO, Rollout
 
 
 class ForwardProcessTrainer(FlowGRPO):

@@ -19,7 +19,6 @@ from spotlight.rl.noise import SampleKey, derive_seed, prompt_id
 from spotlight.rl.sampler import Trajectory, transition_distribution
 from spotlight.rl.sde import gaussian_log_prob, kl_to_reference
 
-
 # What one update reports, before it has computed anything (every trainer's keys).
 ZERO_STATS = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "kl_to_reference": 0.0}
 
@@ -35,7 +34,8 @@ class Rollout:
     rewards: np.ndarray         # (P, G)
 
 
-def iteration_prompts(prompts: list[Prompt], iteration: int, count: int, run_seed: int) -> list[Prompt]:
+def iteration_prompts(prompts: list[Prompt], iteration: int, count: int,
+                      run_seed: int) -> list[Prompt]:
     """The prompts of an iteration: epochs over a seeded shuffle of the training file."""
     chosen = []
     start = iteration * count
@@ -53,7 +53,8 @@ def random_seeds(run_seed: int, iteration: int, prompts: int, group: int) -> np.
 
 
 def sample_keys(run_seed: int, prompts: list[Prompt], seeds: np.ndarray) -> list[SampleKey]:
-    return [SampleKey(run_seed, prompt_id(p.text), int(s)) for p, row in zip(prompts, seeds) for s in row]
+    return [SampleKey(run_seed, prompt_id(p.text), int(s))
+            for p, row in zip(prompts, seeds) for s in row]
 
 
 def rollout_chunks(prompts: int, per_request: int) -> list[slice]:
@@ -212,7 +213,8 @@ class FlowGRPO:
             loss = loss.mean() * share
             if self.reference is not None:
                 with torch.no_grad():
-                    ref = transition_distribution(self.reference, latents, t, traj.sigmas, ref_text, sampler)
+                    ref = transition_distribution(self.reference, latents, t, traj.sigmas,
+                                                  ref_text, sampler)
                 kl = kl_to_reference(dist, ref.mean).mean() * share
                 loss = loss + grpo.beta_kl * kl
                 out["kl_to_reference"] += kl.item() / len(steps)

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines.run.stages import (AuditResult, ExploreResult, PlanResult, RewardResult,
-                                  RolloutResult, SelectionResult, TrainResult)
+from pipelines.run.stages import (
+    AuditResult,
+    ExploreResult,
+    PlanResult,
+    RewardResult,
+    RolloutResult,
+    SelectionResult,
+    TrainResult,
+)
 from spotlight.config import load_config
 from spotlight.exploration import Selection
 from spotlight.iteration import IterationProgram, TimeModel, drive, requests

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from spotlight.config import PROJECT_ROOT as ROOT
-
 from spotlight.config import load_config
 
 TINY_RUN = {

@@ -7,15 +7,21 @@ import os
 
 import pytest
 
+from pipelines.bench.bench_modes import planned_ratio
 from pipelines.bench.convergence import measured_time_model
 from pipelines.bench.convergence_plot import shown_ratios
 from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
 from pipelines.bench.convergence_time import planned_iteration_s, seconds_per_iteration
-from pipelines.bench.bench_modes import planned_ratio
-from pipelines.bench.paired import (BenchWorkerLost, Job, PairedPlan, PairedStore, run_jobs,
-                                    time_left_s)
+from pipelines.bench.paired import (
+    BenchWorkerLost,
+    Job,
+    PairedPlan,
+    PairedStore,
+    run_jobs,
+    time_left_s,
+)
 from pipelines.front.cli import EXIT_TASK, _classify
-from pipelines.run.inprocess import IterationSummary, InProcessHistory
+from pipelines.run.inprocess import InProcessHistory, IterationSummary
 from spotlight.config import load_config, shipped_config
 from tests.pipelines import paired_runners
 
@@ -69,7 +75,8 @@ def test_summary_figures_by_hand(tmp_path):
     assert result["seeds"] == 2
     its = result["iterations_to_target"]
     assert its["vanilla"] == [10.0, None] and its["stale"] == [5.0, 10.0]
-    assert its["sync"] == pytest.approx([4.0, 5.0]) and its["spotlight"] == pytest.approx([2.5, 5.0])
+    assert its["sync"] == pytest.approx([4.0, 5.0])
+    assert its["spotlight"] == pytest.approx([2.5, 5.0])
     assert result["unreached"]["vanilla"] == 1
     # The planner's plans fit the window the stale cluster run measured: its seconds.
     assert result["seconds_per_iteration"] == {"vanilla": 10.0, "sync": 20.0, "stale": 11.0,
@@ -110,7 +117,8 @@ def test_summary_figures_by_hand(tmp_path):
     assert with_spot > gpu_only > 0 and hourly_usd(CONFIG, "stale") == with_spot
     assert result["cost_to_target_usd"]["vanilla"][0] == pytest.approx(100 / 3600 * gpu_only)
     assert result["cost_to_target_usd"]["spotlight"][0] == pytest.approx(27.5 / 3600 * with_spot)
-    # Medians to the target with their intervals; vanilla's unreached seed counts past the cap (10 + 5).
+    # Medians to the target with their intervals; vanilla's unreached seed counts past the cap
+    # (10 + 5).
     medians = result["to_target"]["vanilla"]
     assert medians["time_s"]["median"] == 125.0 and medians["time_s"]["ci90"] == [100.0, 150.0]
     assert medians["iterations"]["per_seed"] == [10.0, 15.0]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pipelines.run.inprocess import InProcessRun
-from spotlight.iteration import TimeModel
 from pipelines.run.records import stage_name
 from spotlight.config import ConfigError
+from spotlight.iteration import TimeModel
 
 
 def test_settings_that_depend_on_timing_are_refused(tiny_run_config):
@@ -119,7 +119,6 @@ def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config
     import torch
 
     from pipelines.front.session import Session
-    from pipelines.run.tasks import stage_name
     from storage import RunStore
 
     config = tiny_run_config.with_values({"fidelity.audit_every": 1, "fidelity.audit_prompts": 2,

@@ -39,7 +39,8 @@ def test_kl_to_reference_is_zero_before_any_update_and_grows_after(tiny_config):
     torch.manual_seed(0)
     # micro_batch 8: one update per iteration, so the first sees the reference weights
     tiny_config = tiny_config.with_values({"grpo.beta_kl": 0.1, "grpo.micro_batch": 8})
-    trainer = FlowGRPO(tiny_config, DigitsPolicy(tiny_config.model, 12, 32), brightness, check_rewards)
+    trainer = FlowGRPO(tiny_config, DigitsPolicy(tiny_config.model, 12, 32), brightness,
+                       check_rewards)
     prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")[:2]
     first, _ = update(trainer, 0, prompts, random_seeds(0, 0, 2, 4))
     second, _ = update(trainer, 1, prompts, random_seeds(0, 1, 2, 4))
