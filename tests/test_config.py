@@ -9,6 +9,7 @@ from spotlight.config import (
     GRPOConfig,
     PlannerConfig,
     RunConfig,
+    from_stored,
     load_config,
     parse_override,
 )
@@ -37,6 +38,15 @@ def test_unknown_key_names_key_file_and_nearest(tmp_path):
     path = write(tmp_path, "grpo:\n  clip_rang: 0.1\n")
     with pytest.raises(ConfigError, match="did you mean 'clip_range'"):
         load_config(path)
+
+
+def test_a_retired_key_is_refused_in_a_file_and_dropped_from_a_recorded_run(tmp_path):
+    with pytest.raises(ConfigError, match=r"'preemption.dispatch' was retired: spot requests "
+                                          r"are always pulled .*; delete it"):
+        load_config(write(tmp_path, "preemption:\n  dispatch: pull\n"))
+    recorded = load_config("configs/digits.yaml").to_dict()
+    recorded["preemption"]["dispatch"] = "pull"   # what runs recorded before it was retired
+    assert from_stored(recorded, "run").preemption == load_config("configs/digits.yaml").preemption
 
 
 def test_unknown_top_level_section(tmp_path):

@@ -35,6 +35,7 @@ from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.cluster import SPOT
 from pipelines.front.session import Session
 from pipelines.run import tasks
+from pipelines.run.exploration import explore_requests
 from spotlight.config import PROJECT_ROOT, RunConfig, load_config, shipped_config
 from spotlight.models.pretrain import pretrain
 from spotlight.rewards import build_reward
@@ -240,11 +241,8 @@ def balance(config: RunConfig, url: str) -> dict:
         pid = session.cluster.cluster.workers[slow].pid
         with Throttle(pid):
             for k, how in enumerate(("pull", "push")):
-                driver.config = driver.config.with_values({"preemption.dispatch": how})
                 started = time.time()
-                work = driver.exploration.submit(k, 0, SPOT)
-                driver.exploration.wait_all(work)
-                outs, _, _ = driver.exploration.collect(work, "explore")
+                outs = explored_by(how, driver, k)
                 ended = time.time()
                 busy: dict[str, float] = {}
                 count: dict[str, int] = {}
@@ -261,6 +259,22 @@ def balance(config: RunConfig, url: str) -> dict:
                             "slow_worker": slow}
     out["makespan_push_over_pull"] = out["push"]["makespan_s"] / out["pull"]["makespan_s"]
     return out
+
+
+def explored_by(how: str, driver, iteration: int) -> list:
+    """Iteration ``iteration``'s exploration requests (weights 0) on the spot workers, pulled
+    (the product's dispatch) or pushed: all assigned at once by Dask, the comparison."""
+    specs = [driver.exploration.explore_spec(request) for request in explore_requests(
+        driver.config, iteration, driver.prompts(iteration), 0, "explore",
+        driver.config.exploration.candidates)]
+    if how == "pull":
+        work = driver.exploration.dispatch(specs, (SPOT,), "explore")
+        driver.exploration.wait_all(work)
+        return driver.exploration.collect(work, "explore")[0]
+    client = driver.cluster.client
+    futures = [client.submit(spec.fn, *spec.args, attempt=(driver.store.epoch, 1),
+                             resources={SPOT: 1}, pure=False) for spec in specs]
+    return client.gather(futures)
 
 
 def sp_scenario(cfg: RunConfig, trace_path: Path, root: Path, iterations: int,

@@ -63,11 +63,10 @@ class Exploration:
         return self.config.placed("explore", SPOTLIGHT if stale else SYNC)
 
     def dispatch(self, specs: list[RequestSpec], classes: tuple[str, ...], stage: str):
-        """Start ``requests``: pulled by the workers of ``classes`` (a :class:`RequestPool`)
-        when spot workers or several classes take part, else (and with ``preemption.dispatch:
-        push``) submitted at once as futures."""
+        """Start ``specs``: pulled by the workers of ``classes`` (a :class:`RequestPool`) when
+        spot workers or several classes take part, else submitted at once as futures."""
         run = self.run
-        if pulled(classes) and self.config.preemption.dispatch == "pull":
+        if pulled(classes):
             version = specs[0].args[2].version if specs else 0
             return RequestPool(run.cluster, specs, self.config.preemption, store=run.store,
                                resource=classes, watch_progress=self.config.stream_latents,

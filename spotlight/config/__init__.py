@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from spotlight.config.base import ConfigError, Validated, build, replaced, spec
+from spotlight.config.base import ConfigError, Validated, build, replaced, spec, without_retired
 from spotlight.config.objective import ObjectiveConfig
 from spotlight.config.sections import (
     MARKETS,
@@ -389,7 +389,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def from_stored(data: dict, source: str) -> "RunConfig":
     """A config as a run store recorded it (paths absolute; older runs: relative to here)."""
-    config = build(RunConfig, data, "", source)
+    config = build(RunConfig, without_retired(data), "", source)
     return dataclasses.replace(config, source=source)
 
 
@@ -399,5 +399,3 @@ def config_hash(*parts: Any) -> str:
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-
-_build = build   # older imports

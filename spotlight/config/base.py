@@ -104,6 +104,25 @@ def nearest(key: str, names: list[str]) -> str:
     return f"; did you mean '{near[0]}'?" if near else ""
 
 
+# Keys a config once had: a run store that recorded one still resumes (``without_retired``),
+# a config file that sets one is told why it went.
+RETIRED = {
+    "preemption.dispatch": "spot requests are always pulled by workers with a free slot (Dask's "
+                           "assign-all-at-once 'push' was a comparison, now made by bench "
+                           "preemption itself)",
+}
+
+
+def without_retired(data: dict) -> dict:
+    """A recorded config's data without its retired keys."""
+    out = dict(data)
+    for dotted in RETIRED:
+        section, _, key = dotted.rpartition(".")
+        if isinstance(out.get(section), dict) and key in out[section]:
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+    return out
+
+
 def build(cls: type, data: Any, path: str, source: str) -> Any:
     """Build dataclass ``cls`` from a mapping, refusing unknown keys and wrong types."""
     if not isinstance(data, dict):
@@ -114,6 +133,8 @@ def build(cls: type, data: Any, path: str, source: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else str(key)
+        if key not in names and dotted in RETIRED:
+            raise ConfigError(f"{source}: '{dotted}' was retired: {RETIRED[dotted]}; delete it")
         if key not in names:
             raise ConfigError(f"{source}: unknown key '{dotted}'{nearest(key, names)} "
                               f"(valid here: {', '.join(names)})")

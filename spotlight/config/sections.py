@@ -354,9 +354,6 @@ NOTICE_SOURCES = ("sigterm", "file", "aws", "gcp", "azure")
 class PreemptionConfig(Validated):
     """How spot requests are dispatched and how a spot worker learns it is about to go."""
 
-    dispatch: str = spec("pull", "'pull': a worker gets the next request when it has a free "
-                                 "slot (balances, requeues on loss); 'push': Dask assigns all at "
-                                 "once (for comparison only).", choices=("pull", "push"))
     notice_sources: list[str] = spec(["sigterm"], f"Where a spot worker hears of its preemption: "
                                              f"any of {list(NOTICE_SOURCES)}.")
     notice_file: str = spec("", "Path whose appearance is a notice (source 'file').",

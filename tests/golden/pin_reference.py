@@ -118,11 +118,11 @@ def shortcut(golden: dict, key: str) -> dict | None:
     return entry if entry is not None and entry_problem(entry, key) is None else None
 
 
-def run_recorder(code_root: Path, modes: tuple[str, ...], harness: bool) -> dict:
-    """Run ``record_digits.py`` against the code under ``code_root``; its JSON lines, merged."""
+def run_recorder(code_root: Path, modes: tuple[str, ...], executor: str = "inprocess") -> dict:
+    """Run ``record_digits.py`` against the code under ``code_root`` with ``executor``
+    (``inprocess`` or ``cluster``); its JSON lines, merged."""
     env = dict(os.environ, PYTHONPATH=str(code_root))
-    done = subprocess.run([sys.executable, str(RECORDER), ",".join(modes)]
-                          + (["harness"] if harness else []),
+    done = subprocess.run([sys.executable, str(RECORDER), ",".join(modes), executor],
                           cwd=code_root, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{RECORDER.name} on {code_root} exited {done.returncode}:\n"
@@ -152,7 +152,7 @@ def compute_reference(key: str, commit: str, cpuinfo: str, build: str) -> dict:
                 f"(`git fetch --unshallow`), or put the entry computed on an identical machine "
                 f"at {cache_dir() / f'{key}.json'}")
         try:
-            modes = run_recorder(tree, MODES, harness=False)
+            modes = run_recorder(tree, MODES)
         finally:
             subprocess.run(git + ["remove", "--force", str(tree)], capture_output=True)
     return {"key": key, "reference_commit": commit, "cpu": cpu_identity(cpuinfo),

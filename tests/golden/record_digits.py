@@ -1,9 +1,12 @@
 """Run the pinned digits scenario and print one JSON line per mode: rewards and weights hashes.
 
-    python tests/golden/record_digits.py spotlight,vanilla,sync [harness]
+    python tests/golden/record_digits.py spotlight,vanilla,sync [inprocess|cluster]
 
-With ``harness`` each mode is also run by the in-process harness (``pipelines/run/inprocess.py``)
-and printed as ``harness-<mode>``: it must give the cluster's numbers.
+By default each mode runs in the in-process executor of the iteration program
+(``pipelines/run/inprocess.py``), which computes what the Dask driver computes by construction
+(both carry out the same program's requests with the same task functions; one test runs both,
+``tests/pipelines/test_harness.py``). ``cluster`` runs the same scenario through a ``Session`` on
+the embedded cluster instead.
 
 ``tests/pipelines/test_digits_pin.py`` runs this in a subprocess on the current code and on the
 reference commit, checked out in a git work tree on the same machine, and compares the two
@@ -50,56 +53,68 @@ def weights_sha256(weights: dict) -> str:
     return digest.hexdigest()
 
 
-def record(mode: str, workdir: str) -> dict:
-    import numpy as np
+def write_scenario(workdir: str) -> str:
     import yaml
-
-    try:
-        from pipelines.front.session import Session
-    except ImportError:   # commits before the front-end folder
-        from pipelines.session import Session
-    from spotlight.config import load_config
 
     path = os.path.join(workdir, "pinned.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(scenario(), f)
-    with Session.from_config(load_config(path), store=os.path.join(workdir, mode),
-                             mode=mode) as session:
+    return path
+
+
+def rewards_sha256(arrays: list) -> str:
+    import numpy as np
+
+    return hashlib.sha256(np.nan_to_num(np.stack(arrays)).tobytes()).hexdigest()
+
+
+def record_cluster(mode: str, workdir: str) -> dict:
+    from pipelines.front.session import Session
+    from pipelines.run.records import stage_name
+    from spotlight.config import load_config
+
+    config = load_config(write_scenario(workdir))
+    with Session.from_config(config, store=os.path.join(workdir, mode), mode=mode) as session:
         history = session.run(3)
-        weights = session.store.load_checkpoint(3).weights
-        rewards = session.store.open_rewards()["reward"].values
-    return {"weights_sha256": weights_sha256(weights),
-            "rewards_sha256": hashlib.sha256(np.nan_to_num(rewards).tobytes()).hexdigest(),
+        store = session.store
+        weights = store.load_checkpoint(3).weights
+        rewards = [store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+                   for k in range(3)]
+    return {"weights_sha256": weights_sha256(weights), "rewards_sha256": rewards_sha256(rewards),
             "val_reward": [float(v) for v in history["val_reward"]],
             "rollout_reward": [float(v) for v in history["reward_mean"]]}
 
 
-def record_harness(mode: str, workdir: str) -> dict:
+def record_inprocess(mode: str, workdir: str) -> dict:
     from pipelines.run.inprocess import InProcessRun
+    from pipelines.run.records import stage_name
     from spotlight.config import load_config
 
-    harness = InProcessRun(load_config(os.path.join(workdir, "pinned.yaml")), mode)
+    run = InProcessRun(load_config(write_scenario(workdir)), mode)
     try:
-        run = harness.run_iterations(3)
-        weights = harness.store.load_checkpoint(3).weights
+        history = run.run_iterations(3)
+        weights = run.store.load_checkpoint(3).weights
+        rewards = [run.store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+                   for k in range(3)]
     finally:
-        harness.close()
-    return {"weights_sha256": weights_sha256(weights),
-            "val_reward": [it.val_reward for it in run.iterations],
-            "rollout_reward": [it.rollout_reward for it in run.iterations]}
+        run.close()
+    return {"weights_sha256": weights_sha256(weights), "rewards_sha256": rewards_sha256(rewards),
+            "val_reward": [it.val_reward for it in history.iterations],
+            "rollout_reward": [it.rollout_reward for it in history.iterations]}
+
+
+RECORDERS = {"inprocess": record_inprocess, "cluster": record_cluster}
 
 
 def main(argv: list[str]) -> int:
     modes = (argv[0] if argv else "spotlight,vanilla,sync").split(",")
-    harness = argv[1:] == ["harness"]
+    record = RECORDERS[argv[1] if len(argv) > 1 else "inprocess"]
     with tempfile.TemporaryDirectory() as workdir:
         # A private artefact cache: the recogniser and the base model are trained here, on the
         # portable paths too, never taken from a cache another process filled.
         os.environ["SPOTLIGHT_CACHE"] = os.path.join(workdir, "cache")
         for mode in modes:
             print(json.dumps({mode: record(mode, workdir)}), flush=True)
-            if harness:
-                print(json.dumps({f"harness-{mode}": record_harness(mode, workdir)}), flush=True)
     return 0
 
 
