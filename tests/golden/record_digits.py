@@ -5,7 +5,7 @@
 By default each mode runs in the in-process executor of the iteration program
 (``pipelines/run/inprocess.py``), which computes what the Dask driver computes by construction
 (both carry out the same program's requests with the same task functions; one test runs both,
-``tests/pipelines/test_harness.py``). ``cluster`` runs the same scenario through a ``Session`` on
+``tests/pipelines/test_inprocess.py``). ``cluster`` runs the same scenario through a ``Session`` on
 the embedded cluster instead.
 
 ``tests/pipelines/test_digits_pin.py`` runs this in a subprocess on the current code and on the

@@ -5,7 +5,7 @@ Refactors must not change what a run computes; this is where it would show. The 
 the in-process executor of the iteration program, in one subprocess
 (``tests/golden/record_digits.py``) with torch, MKL and oneDNN held to their portable code paths;
 the Dask driver runs the same program and is held to the in-process numbers by
-``tests/pipelines/test_harness.py`` on moving weights. Some kernel still sums in another order on
+``tests/pipelines/test_inprocess.py`` on moving weights. Some kernel still sums in another order on
 another CPU, and machines of one vendor and vector width computed differently, so no recording
 made elsewhere can judge this one: the expected values are the reference commit's, run in a git
 work tree here and cached outside the repository under a key of the exact CPU and torch build

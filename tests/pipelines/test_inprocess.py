@@ -1,6 +1,6 @@
-"""The in-process harness: what it refuses, that each mode takes its seeds where the cluster
-does, and that it computes the cluster's numbers bit for bit (here on the tiny world; on the
-pinned digits run, test_digits_pin)."""
+"""The in-process executor of the iteration program: what it refuses, that each mode takes its
+seeds where the cluster does, and that it computes what the Dask driver computes, bit for bit, on
+moving weights (the one test that runs both executors of the program)."""
 from __future__ import annotations
 
 import numpy as np
@@ -110,7 +110,7 @@ def test_a_stopped_run_ran_the_full_runs_iterations(tiny_run_config):
 
 
 @pytest.mark.timeout(900)
-def test_the_harness_and_the_cluster_compute_the_same_iterations(tiny_run_config, tmp_path,
+def test_the_in_process_run_and_the_cluster_compute_the_same_iterations(tiny_run_config, tmp_path,
                                                                  monkeypatch):
     """Two spotlight iterations both ways, with an audit in the second: the same stale
     candidates, the same selected seeds, the same rollout rewards, the same τ, the same
