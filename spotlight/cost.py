@@ -141,6 +141,12 @@ def worker_class_prices(config: CostConfig, table: PriceTable) -> dict[str, floa
     return prices
 
 
+def run_prices(config: CostConfig) -> dict[str, float]:
+    """USD per GPU-hour of each worker class of a run: its ``cost`` section priced from the
+    table ``cost.prices`` names."""
+    return worker_class_prices(config, load_prices(config.prices))
+
+
 def interval_overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     """Length of the overlap of [a0, a1] and [b0, b1]; 0.0 when they are disjoint."""
     return max(0.0, min(a1, b1) - max(a0, b0))

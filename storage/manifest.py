@@ -51,6 +51,12 @@ def iteration_dir(iteration: int) -> str:
     return f"iter-{iteration:06d}"
 
 
+def stage_name(iteration: int | None, stage: str) -> str:
+    """``iter-<k>/<stage>``, or ``stage`` alone for run-level stages (``base-validation``): a
+    stage's name in the run store (:func:`stage_key` is its canonical, sortable form)."""
+    return stage if iteration is None else f"iter-{iteration}/{stage}"
+
+
 def stage_key(stage: str) -> str:
     """Canonical stage name: ``iter-12/rollout`` -> ``iter-000012/rollout``.
 

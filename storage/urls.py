@@ -52,11 +52,6 @@ class RunLocation:
         """URL of ``parts`` below the root (what an error message or a user should see)."""
         return "/".join([self.url.rstrip("/"), *[p.strip("/") for p in parts if p]])
 
-    def public_storage_options(self) -> dict:
-        """``storage_options`` without credentials (safe to print)."""
-        return {k: v for k, v in self.storage_options.items()
-                if k not in ("key", "secret", "token")}
-
     # -- zarr ---------------------------------------------------------------------------------
     def zarr_store(self, *parts: str, read_only: bool = False) -> Any:
         """A Zarr v3 store rooted at ``parts`` below the run root."""

@@ -13,7 +13,7 @@ from pipelines.bench.convergence_time import iteration_times
 from pipelines.bench.paired import cluster_part
 from pipelines.bench.registry import machine
 from spotlight.config import RunConfig
-from spotlight.cost import load_prices, worker_class_prices
+from spotlight.cost import run_prices
 from spotlight.evidence import (
     bootstrap_median,
     crossing,
@@ -31,7 +31,7 @@ SPOT_MODES = ("stale", "rlboost")   # fixed-capacity modes that rent the spot wo
 def hourly_usd(config: RunConfig, mode: str) -> float:
     """What the mode's cluster costs an hour: its gpu workers on demand, and the spot workers
     where the mode uses them (vanilla and sync need none; spotlight-xR rents R times as many)."""
-    prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
+    prices = run_prices(config.cost)
     ratio = planned_ratio(mode) or (1 if seed_mode(mode) in SPOT_MODES else 0)
     spot = config.cluster.spot_workers * ratio
     return config.cluster.gpu_workers * prices["gpu"] + spot * prices["spot"]

@@ -21,13 +21,13 @@ from pathlib import Path
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.bench.simulate_plot import plot_sweeps, plot_timelines
 from pipelines.front.session import Session
-from pipelines.run.stage_log import stage_name
 from spotlight.config import from_stored, load_config, shipped_config
 from spotlight.sim.config import CLOUDS, load_sim_config
 from spotlight.sim.replay import RecordedIteration, validate_replay
 from spotlight.sim.report import implied_ratio, paper_config, simulate
 from storage import RunStore
 from storage.errors import NotCommittedError
+from storage.manifest import stage_name
 
 PAPER_HEADLINE_SPEEDUP = 4.0   # "reaches the same validation score 4x faster" (the paper)
 SWEEPS = {

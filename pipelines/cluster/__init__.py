@@ -18,10 +18,11 @@ from pipelines.cluster.connect import (
     security,
     start_embedded,
     task_error,
+    worker_classes,
     workers_by_class,
 )
 
 __all__ = ["GPU", "LOOPBACK", "SPOT", "Absence", "ClusterError", "ClusterHandle",
            "ClusterLostError", "RunInterrupted", "TaskFailedError", "check_shape", "connect",
            "open_cluster", "probe_scheduler", "register_worker_setup", "security",
-           "start_embedded", "task_error", "workers_by_class"]
+           "start_embedded", "task_error", "worker_classes", "workers_by_class"]

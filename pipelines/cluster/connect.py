@@ -193,14 +193,33 @@ class Absence:
             raise self.handle.scheduler_lost(self.what or "a stage")
 
 
+def class_of(resources: dict, classes: tuple[str, ...] = (GPU, SPOT)) -> str | None:
+    """A worker's class: the first of ``classes`` its resources declare (None: none of them).
+    The one place a worker's class is read from its resources."""
+    return next((c for c in classes if resources.get(c, 0) > 0), None)
+
+
 def workers_by_class(workers: dict) -> dict[str, list[str]]:
+    """Worker names per class, from the scheduler's worker entries (``scheduler_info``)."""
     out: dict[str, list[str]] = {GPU: [], SPOT: []}
     for info in workers.values():
-        resources = info.get("resources", {})
-        for cls in (GPU, SPOT):
-            if resources.get(cls, 0) > 0:
-                out[cls].append(str(info.get("name", info.get("id"))))
+        cls = class_of(info.get("resources", {}))
+        if cls is not None:
+            out[cls].append(str(info.get("name", info.get("id"))))
     return out
+
+
+def _worker_classes(dask_scheduler, classes: tuple[str, ...] | None) -> dict[str, str | None]:
+    return {address: class_of(ws.resources, classes) if classes else None
+            for address, ws in dask_scheduler.workers.items()
+            if not classes or class_of(ws.resources, classes)}
+
+
+def worker_classes(client, classes: tuple[str, ...] | None = None) -> dict[str, str | None]:
+    """Address -> class of every live worker of ``classes`` (every worker, class None, without
+    ``classes``), asked of the scheduler itself: ``client.scheduler_info()`` may hand back a
+    periodically refreshed copy without per-worker entries."""
+    return client.run_on_scheduler(_worker_classes, classes=classes)
 
 
 def worker_spec(name: str, resource: str, config: ClusterConfig,

@@ -30,7 +30,7 @@ LOG_ENV = "SPOTLIGHT_DASK_LOG"
 RUN_LOG = ("logs", "dask.log")   # below a run's root
 FORMAT = "%(asctime)s {where} pid %(process)d %(name)s %(levelname)s: %(message)s"
 # The project asks the scheduler and the workers many times a second (who is alive, a pid);
-# Dask logs each such call at INFO ("Run out-of-band function '_addresses'"), 8,000 lines in
+# Dask logs each such call at INFO ("Run out-of-band function '_worker_classes'"), 8,000 lines in
 # one bench sp, which would bury the lines that matter.
 CHATTER = ("Run out-of-band function",)
 

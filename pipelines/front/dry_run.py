@@ -8,7 +8,7 @@ is printed under the table (see :mod:`spotlight.sizing`).
 from __future__ import annotations
 
 from spotlight.config import RunConfig
-from spotlight.cost import load_prices, worker_class_prices
+from spotlight.cost import run_prices
 from spotlight.models.base import model_size
 from spotlight.sizing import (
     GPU_MEMORY_GIB,
@@ -72,7 +72,7 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
     # Spot workers explore while the gpu workers roll out and train; the iteration waits for
     # exploration only where it runs past that window.
     wall = max(gpu_s, by_stage["explore"].seconds)
-    prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
+    prices = run_prices(config.cost)
     workers = {"gpu": config.cluster.gpu_workers, "spot": config.cluster.spot_workers}
     hours = {cls: workers[cls] * wall / 3600 for cls in workers}
     cost = {cls: hours[cls] * prices[cls] for cls in workers}

@@ -13,7 +13,7 @@ from pipelines.observe.validation_grid import ValidationGrid, load_grids
 from pipelines.run.state import IterationResult
 from pipelines.run.tasks import stage_name
 from spotlight.config import ConfigError, RunConfig, from_stored
-from spotlight.cost import CostLedger, load_prices, worker_class_prices
+from spotlight.cost import CostLedger, run_prices
 from storage import RunStore, StorageConfig
 from storage.manifest import stage_key
 
@@ -145,7 +145,7 @@ class RunView:
         if config is None:
             return None
         try:
-            return worker_class_prices(config.cost, load_prices(config.cost.prices))
+            return run_prices(config.cost)
         except (ConfigError, OSError):
             return None
 

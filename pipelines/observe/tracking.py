@@ -27,7 +27,7 @@ from pipelines.run.records import stage_name
 from spotlight.cache import cache_dir
 from spotlight.config import RunConfig
 from spotlight.config.tracking import check_trackers
-from spotlight.cost import load_prices, worker_class_prices
+from spotlight.cost import run_prices
 from storage import RunStore
 from storage.errors import NotCommittedError
 from storage.run import EVENTS
@@ -87,7 +87,7 @@ class RunHistory:
     def __init__(self, store: RunStore, config: RunConfig):
         self.store, self.config = store, config
         self.reward = config.reward.name
-        self.prices = worker_class_prices(config.cost, load_prices(config.cost.prices))
+        self.prices = run_prices(config.cost)
         self._metrics: dict[int, dict[str, float]] = {}
         self._grids: dict[int, ValidationGrid] = {}   # handed over live, by weights version
 

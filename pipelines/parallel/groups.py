@@ -15,6 +15,7 @@ from typing import Callable
 
 from distributed import Client
 
+from pipelines.cluster import worker_classes
 from pipelines.parallel import executor
 from spotlight.parallel.membership import (
     CopyFailed,
@@ -41,14 +42,9 @@ LOSS_GRACE_S = 5.0
 MAX_COPY_FAILURES = 3
 
 
-def _addresses(dask_scheduler) -> list[str]:
-    return sorted(dask_scheduler.workers)
-
-
 def live_workers(client: Client) -> list[str]:
-    """The workers the scheduler knows now (asked directly: ``client.scheduler_info()`` may
-    hand back a periodically refreshed copy without per-worker entries)."""
-    return client.run_on_scheduler(_addresses)
+    """The workers the scheduler knows now."""
+    return sorted(worker_classes(client))
 
 
 def kill_executors(client: Client, addresses: list[str]) -> float:

@@ -9,10 +9,10 @@ from the stored version.
 """
 from __future__ import annotations
 
+from pipelines.cluster import worker_classes
 from pipelines.parallel import training
 from pipelines.run import tasks
 from pipelines.run.context import StageContext
-from pipelines.run.sp_rollout import class_workers
 
 
 def dp_train_task(epoch: int, config, store, request: tasks.TrainRequest) -> dict:
@@ -24,7 +24,7 @@ def dp_train_task(epoch: int, config, store, request: tasks.TrainRequest) -> dic
 
 
 def gpu_workers(ctx: StageContext) -> list[str]:
-    return sorted(class_workers(ctx.cluster.client, (ctx.config.placed("train")[0],)))
+    return sorted(worker_classes(ctx.cluster.client, (ctx.config.placed("train")[0],)))
 
 
 def data_parallel(ctx: StageContext) -> bool:

@@ -47,7 +47,7 @@ from pipelines.run.stages import (
 )
 from pipelines.run.state import IterationResult, IterationWork, iteration_result
 from spotlight.config import RunConfig, rollout_sp_degree
-from spotlight.cost import CostLedger, load_prices, worker_class_prices
+from spotlight.cost import CostLedger, run_prices
 from spotlight.exploration import Selection
 from spotlight.iteration import IterationOutcome, IterationProgram, drive, pulled, requests
 from spotlight.models.prompts import Prompt
@@ -441,4 +441,4 @@ class Driver:
 
 
 def _prices(config: RunConfig) -> dict[str, float]:
-    return worker_class_prices(config.cost, load_prices(config.cost.prices))
+    return run_prices(config.cost)

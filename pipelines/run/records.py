@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-
-def stage_name(iteration: int, stage: str) -> str:
-    return f"iter-{iteration}/{stage}"
+from storage.manifest import stage_name  # noqa: F401  (re-exported: the tasks' stage names)
 
 
 def explore_request(prompt_index: int, chunk: int) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from pipelines.cluster.connect import Absence
+from pipelines.cluster.connect import Absence, worker_classes
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, node_of
 from pipelines.parallel.serve import GroupServer
@@ -62,17 +62,6 @@ def degrees_below(degree: int) -> tuple[int, ...]:
     return tuple(d for d in range(degree, 0, -1) if degree % d == 0)
 
 
-def _class_workers(dask_scheduler, classes: tuple[str, ...]) -> dict[str, str]:
-    return {address: next(c for c in classes if ws.resources.get(c, 0) > 0)
-            for address, ws in dask_scheduler.workers.items()
-            if any(ws.resources.get(c, 0) > 0 for c in classes)}
-
-
-def class_workers(client, classes: tuple[str, ...]) -> dict[str, str]:
-    """Address -> worker class of every live worker of ``classes`` (asked of the scheduler)."""
-    return client.run_on_scheduler(_class_workers, classes=classes)
-
-
 def sp_groups(ctx: StageContext, iteration: int) -> SPGroups:
     """The run's SP groups (formed on first use, then kept), holding weights ``iteration``."""
     config, client = ctx.config, ctx.cluster.client
@@ -82,12 +71,12 @@ def sp_groups(ctx: StageContext, iteration: int) -> SPGroups:
         known: dict[str, str] = {}
 
         def node(address: str) -> str:   # groups never mix worker classes
-            cls = known.get(address) or class_workers(client, classes).get(address, "?")
+            cls = known.get(address) or worker_classes(client, classes).get(address, "?")
             return f"{cls}@{node_of(address)}"
 
         groups = SPGroups(client, {"run": (config, ctx.store)}, ctx.store.url, iteration,
                           degrees_below(rollout_sp_degree(config)), node=node)
-        known.update(class_workers(client, classes))
+        known.update(worker_classes(client, classes))
         groups.add(sorted(known))
         ctx.carried.sp_groups = groups
     elif groups.version != iteration:
@@ -106,7 +95,7 @@ class SPGroupsBackend:
         groups = sp_groups(ctx, iteration)
         server = GroupServer(groups, {c.name: (sp_rollout_request_task, (config, store, c))
                                       for c in chunks},
-                             members=lambda: sorted(class_workers(client, classes)),
+                             members=lambda: sorted(worker_classes(client, classes)),
                              worker_class=classes[0], lease_epoch=store.epoch)
         gpu = Absence(ctx.cluster, config.placed("train")[0], config.cluster.worker_wait_s,
                       "the SP rollout")

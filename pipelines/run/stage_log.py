@@ -11,16 +11,11 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from storage import RunStore
-from storage.manifest import stage_key
+from storage.manifest import stage_key, stage_name
 
 from .stages import Stage, StageResult, read_result, result_type
 
 R = TypeVar("R", bound=StageResult)
-
-
-def stage_name(iteration: int | None, stage: str) -> str:
-    """``iter-<k>/<stage>``, or ``stage`` alone for run-level stages (``base-validation``)."""
-    return stage if iteration is None else f"iter-{iteration}/{stage}"
 
 
 class StageLog:

@@ -336,7 +336,7 @@ def _default_of(dotted: str) -> Any:
 def check_files(config: "RunConfig") -> None:
     """Every file the run names exists and parses; a ConfigError naming the key otherwise."""
     # The parsers of the files a config names live above the config layer that they import.
-    from spotlight.cost import load_prices, worker_class_prices
+    from spotlight.cost import run_prices
     from spotlight.models.prompts import PromptFileError, load_prompts
     from spotlight.scheduling.traces import TraceError, load_trace
 
@@ -363,7 +363,7 @@ def check_files(config: "RunConfig") -> None:
             raise ConfigError(f"{config.source}: injector.trace: {err}") from None
     must_exist("cost.prices", config.cost.prices)
     try:
-        worker_class_prices(config.cost, load_prices(config.cost.prices))
+        run_prices(config.cost)
     except ValueError as err:
         raise ConfigError(f"{config.source}: cost: {err}") from None
     for key in ("ca_file", "cert", "key"):
