@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.deploy.certificates import Pki, make_pki
 from storage import StorageConfig
 from storage.urls import check_reachable, open_location
 
-from .pki import Pki, make_pki
 from .testbed import Host, Testbed, TestbedError, kill
 
 SCHEDULER_PORT, S3_PORT = 8786, 9000

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from pipelines.cluster.cloud_class import CLOUDS, ENV
+from pipelines.deploy.certificates import make_pki
 from pipelines.deploy.kubernetes import PROVIDERS, KubeOptions, SpotNodes, write_manifests
 from pipelines.deploy.slurm import TLS_FILES, SlurmOptions, scheduler_command, write_scripts
 from pipelines.front.cli import UsageError, config_path
@@ -37,14 +38,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", default=None, help="memory of each worker, e.g. 64Gi / 64GB")
     p.add_argument("--tls-dir", default=None,
                    help=f"folder of the CA and node certificate ({', '.join(TLS_FILES)}; "
-                        "pipelines.bench.pki.make_pki writes them); default: the folder of "
+                        "`spotlight deploy certificates` writes them); default: the folder of "
                         "the config's cluster.tls.ca_file")
     p.add_argument("--no-tls", action="store_true",
                    help="no TLS (Dask's RPC is unauthenticated: a private test network only)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="target", required=True, metavar="{kubernetes,slurm}")
+    sub = p.add_subparsers(dest="target", required=True,
+                           metavar="{kubernetes,slurm,certificates}")
     k = sub.add_parser("kubernetes", help="DaskCluster + DaskWorkerGroup for the "
                                           "dask-kubernetes operator (gpu and spot groups)")
     _common(k)
@@ -87,15 +89,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--sbatch", action="append", default=[], metavar="DIRECTIVE",
                    help="extra #SBATCH directive for both classes: --sbatch qos=low writes "
                         "'#SBATCH --qos=low'")
+    c = sub.add_parser("certificates", help="a CA and node and client certificates for a "
+                                            "cluster that spans hosts (TLS)")
+    c.add_argument("--out", required=True, help="folder to write them into (made if absent)")
+    c.add_argument("--host", action="append", default=[], metavar="ADDR",
+                   help="an address (IP or DNS name) the scheduler or a worker is reached at; "
+                        "repeat for each host (localhost is always included)")
+    c.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target == "certificates":
+        return _certificates(args)
     overrides = dict(parse_override(item) for item in (args.set or []))
     config = load_config(config_path(args), overrides)
     if args.target == "kubernetes":
         return _kubernetes(args, config)
     return _slurm(args, config)
+
+
+def _certificates(args: argparse.Namespace) -> int:
+    if args.days < 1:
+        raise UsageError(f"--days {args.days}: certificates must be valid for at least a day")
+    pki = make_pki(args.out, args.host, days=args.days)
+    print(f"wrote ca.pem, node.pem/.key and client.pem/.key to {args.out} (valid {args.days} "
+          f"days, for localhost{''.join(', ' + h for h in args.host)})")
+    print("scheduler and workers: " + " ".join(pki.dask_args()))
+    print("the driver's run config: " + ", ".join(f"{k}={v}" for k, v in
+                                                  pki.run_settings().items()))
+    return 0
 
 
 def _tls_dir(args: argparse.Namespace, config) -> str | None:
@@ -115,8 +138,8 @@ def _tls_dir(args: argparse.Namespace, config) -> str | None:
     if missing:
         raise UsageError(f"{'--tls-dir' if args.tls_dir else 'the folder of cluster.tls.ca_file'} "
                          f"{folder} lacks {', '.join(missing)}: the scheduler and workers need "
-                         "the CA and a node certificate (pipelines.bench.pki.make_pki writes "
-                         "ca.pem, node.pem, node.key); give --tls-dir")
+                         "the CA and a node certificate (`spotlight deploy certificates --out DIR "
+                         "--host ADDR` writes ca.pem, node.pem, node.key); give --tls-dir")
     return str(folder)
 
 
@@ -197,7 +220,7 @@ def _slurm(args: argparse.Namespace, config) -> int:
     if tls_dir is None:
         raise UsageError("the workers need the CA and a node certificate on the shared file "
                          "system: give --tls-dir DIR (ca.pem, node.pem, node.key; "
-                         "pipelines.bench.pki.make_pki writes them), or --no-tls")
+                         "`spotlight deploy certificates` writes them), or --no-tls")
     scheduler = args.scheduler or config.cluster.scheduler
     if not scheduler:
         raise UsageError("give --scheduler tls://HOST:8786 (the host where you start the "

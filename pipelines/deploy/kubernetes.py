@@ -27,7 +27,7 @@ from pipelines.cluster.connect import GPU, SPOT, SPOTLIGHT_PAGE
 
 API_VERSION = "kubernetes.dask.org/v1"
 TLS_MOUNT = "/etc/spotlight/tls"
-TLS_FILES = ("ca.pem", "node.pem", "node.key")   # as pipelines.bench.pki.make_pki names them
+TLS_FILES = ("ca.pem", "node.pem", "node.key")   # as `spotlight deploy certificates` names them
 SCHEDULER_PORT, DASHBOARD_PORT, WORKER_DASHBOARD_PORT = 8786, 8787, 8788
 PRELOAD = "pipelines.cluster.cloud_class"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -19,7 +19,7 @@ from pipelines.cluster.cloud_class import ENV
 from pipelines.cluster.connect import GPU, SPOT, SPOTLIGHT_PAGE
 
 PRELOAD = "pipelines.cluster.cloud_class"
-TLS_FILES = ("ca.pem", "node.pem", "node.key")   # as pipelines.bench.pki.make_pki names them
+TLS_FILES = ("ca.pem", "node.pem", "node.key")   # as `spotlight deploy certificates` names them
 
 
 @dataclass(frozen=True)

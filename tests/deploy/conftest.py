@@ -1,4 +1,4 @@
-"""Deployment fixtures: certificates as `pipelines.bench.pki.make_pki` writes them, and the
+"""Deployment fixtures: certificates as `spotlight deploy certificates` writes them, and the
 command line run in-process."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from pipelines.bench.pki import make_pki
+from pipelines.deploy.certificates import make_pki
 from pipelines.front.cli import main
 
 

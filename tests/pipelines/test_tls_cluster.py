@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from pipelines.bench.pki import make_pki
 from pipelines.bench.testbed import kill
 from pipelines.cluster import ClusterError
+from pipelines.deploy.certificates import make_pki
 from pipelines.front.session import Session
 
 pytestmark = pytest.mark.timeout(420)

@@ -1,8 +1,9 @@
 """Certificates for a cluster that spans hosts: one CA, one certificate for every node (the
 scheduler and the workers, valid for each host's address) and one for clients (the driver).
 
-Made fresh at the start of a test bed or bench, valid for a day, never written outside the
-folder given. Dask's ``--tls-ca-file/--tls-cert/--tls-key`` and ``cluster.tls`` take the paths.
+``spotlight deploy certificates --out DIR --host ADDR ...`` writes them (the test bed makes a
+fresh set for a day); nothing is written outside the folder given. Dask's
+``--tls-ca-file/--tls-cert/--tls-key`` and ``cluster.tls`` take the paths.
 """
 from __future__ import annotations
 
@@ -31,22 +32,27 @@ class Pki:
                 "cluster.tls.key": self.client_key}
 
 
-def make_pki(folder: str | Path, addresses: list[str]) -> Pki:
-    """A CA and node/client certificates for ``addresses`` (plus localhost) in ``folder``."""
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
+def make_pki(folder: str | Path, addresses: list[str], days: int = 1) -> Pki:
+    """A CA and node/client certificates for ``addresses`` (plus localhost) in ``folder``,
+    valid for ``days``."""
+    try:
+        from cryptography import x509
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        raise RuntimeError("making certificates needs the 'cryptography' package: "
+                           "pip install -e '.[deploy]' in the Spotlight checkout") from None
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _issue(folder, "ca", None, [])
+    ca_key, ca_cert = _issue(folder, "ca", None, [], days)
     issuer = (ca_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")]))
     names = ["localhost", "127.0.0.1", *addresses]
-    node_key, node_cert = _issue(folder, "node", issuer, names)
-    client_key, client_cert = _issue(folder, "client", issuer, names)
+    node_key, node_cert = _issue(folder, "node", issuer, names, days)
+    client_key, client_cert = _issue(folder, "client", issuer, names, days)
     return Pki(str(folder / "ca.pem"), node_cert, node_key, client_cert, client_key)
 
 
-def _issue(folder: Path, name: str, issuer, names: list[str]):
+def _issue(folder: Path, name: str, issuer, names: list[str], days: int):
     """Write ``name``.key/.pem; a CA when ``issuer`` is None. Returns (key or path, cert path)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -60,7 +66,7 @@ def _issue(folder: Path, name: str, issuer, names: list[str]):
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(signer_name)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1)))
+               .not_valid_after(now + datetime.timedelta(days=days)))
     if issuer is None:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
     else:
