@@ -32,7 +32,7 @@ from pipelines.cluster.preemption import preemption_watch
 from pipelines.observe import Observers, build_observers
 from pipelines.observe.run_view import RunView
 from pipelines.run.driver import Driver, EventFn, IterationResult, RunInterrupted
-from pipelines.run.tasks import stage_name
+from pipelines.run.tasks import prepared_base, stage_name
 from spotlight.config import (
     ConfigError,
     RunConfig,
@@ -41,10 +41,9 @@ from spotlight.config import (
     from_stored,
     load_config,
 )
-from spotlight.models.base import base_policy, check_policy
+from spotlight.models.base import check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
-from spotlight.rewards import build_reward
 from storage import RunStore, StorageError
 from storage.driver_lease import DriverLease
 
@@ -119,8 +118,7 @@ class Session:
             raise
         run_store = lease = None
         try:
-            base = base_policy(config, progress=progress)   # digits: pretrained, cached
-            build_reward(config.reward)            # warm the recogniser cache once, here
+            base = prepared_base(config, progress=progress)
             run_store = url if isinstance(url, RunStore) else \
                 RunStore.open(url, writer=True, **(store_options or {}))
             lease = take_lease(run_store)

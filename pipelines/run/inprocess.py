@@ -54,7 +54,6 @@ from spotlight.iteration import (
     requests,
     validation_due,
 )
-from spotlight.models.base import base_policy
 from spotlight.models.prompts import Prompt, world_prompts
 from spotlight.modes import MODE_NAMES, MODES
 from storage import RunStore
@@ -116,7 +115,7 @@ class InProcessRun:
         self.config = config.with_values({"mode": mode, "stream_latents": stream_latents})
         self.mode, self.time_model = mode, time_model
         self.store = RunStore.open(store or f"memory://inprocess-{uuid.uuid4().hex}")
-        self.store.save_checkpoint(0, base_policy(self.config, progress=progress).state_dict(),
+        self.store.save_checkpoint(0, tasks.prepared_base(self.config, progress).state_dict(),
                                    None)
         self.log = StageLog(self.store)
         self.train_prompts = world_prompts(self.config, "train")

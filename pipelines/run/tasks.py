@@ -29,7 +29,7 @@ from pipelines.run.records import (
 from pipelines.run.rollout_store import read_rollout
 from pipelines.run.streamed import Explored, RequestRun, StreamedRequest, run_streamed_request
 from spotlight.config import RunConfig, config_hash
-from spotlight.models.base import Policy, build_policy, stores_prompts
+from spotlight.models.base import Policy, base_policy, build_policy, stores_prompts
 from spotlight.models.prompts import Prompt
 from spotlight.rewards import build_reward, check_rewards
 from spotlight.rl.grpo import Advantages, group_advantages
@@ -174,6 +174,16 @@ def context(config: RunConfig, store: RunStore) -> WorkerContext:
         if ctx is None:
             ctx = contexts[key] = WorkerContext(config, store)
         return ctx
+
+
+def prepared_base(config: RunConfig, progress: bool = False) -> Policy:
+    """The run's base policy (weights version 0) and its reward's cached parts, made in this
+    process (the driver's, or an in-process run's) in the one order every run makes them: the
+    recogniser trains with the thread count pretraining left, so where both are made first
+    they come out the same whoever makes them."""
+    base = base_policy(config, progress=progress)   # digits: pretrained, cached
+    build_reward(config.reward)                      # the recogniser cached once, here
+    return base
 
 
 # --- tasks ------------------------------------------------------------------------------------
