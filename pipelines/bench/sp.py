@@ -29,15 +29,25 @@ from pipelines.bench.sp_chaos import after_seconds, kill_when
 from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.cluster import start_embedded
 from pipelines.cluster.dask_log import run_log_file
-from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 from pipelines.parallel.serve import GroupServer
 from spotlight.config import ClusterConfig
 from storage import RunStore
 
+
 # A tiny real-format transformer with 4 heads (so degrees 1, 2 and 4 divide them), 16 x 16
 # image tokens and 8 text tokens.
-SPEC = {"config": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+def build_transformer(spec: dict) -> torch.nn.Module:
+    """A ``QwenImageTransformer2DModel`` of the spec's config (weights come separately), as an
+    SP executor holds it (:mod:`pipelines.parallel.executor`)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.set_num_threads(spec.get("threads", 1))
+    return QwenImageTransformer2DModel(**spec["config"]).eval().requires_grad_(False)
+
+
+SPEC = {"build": build_transformer,
+        "config": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
                        attention_head_dim=32, num_attention_heads=4, joint_attention_dim=32,
                        axes_dims_rope=(8, 12, 12)), "threads": 1}
 HEIGHT = WIDTH = 16
@@ -187,7 +197,7 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
     folder = tempfile.mkdtemp(prefix="spotlight-bench-sp-")
     url = f"file://{folder}/run"
     torch.manual_seed(0)
-    model = executor.build_model(SPEC)
+    model = build_transformer(SPEC)
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     with torch.no_grad():
         reference = model(**request_inputs(), return_dict=False)[0]

@@ -11,12 +11,13 @@ swapped (:mod:`spotlight.parallel.ulysses`).
 A process is in at most one group at a time, so the group is torch.distributed's default
 group, destroyed and initialised again at each membership epoch.
 
-An executor holds one of two things, named by the ``spec`` its tasks carry: a bare transformer
-(``{"config": ...}``: :mod:`pipelines.bench.sp`'s requests), or a run's policy (``{"run":
-(config, store)}``): the worker's :class:`~pipelines.run.tasks.WorkerContext`, which the
-pipeline's other tasks on that worker share -- so its weights version is the context's, and the
-group's attention is switched on only around an SP request
-(:func:`spotlight.parallel.ulysses.sequence_parallel`).
+An executor holds one of two things, named by the ``spec`` its tasks carry: a run's policy
+(``{"run": (config, store)}``): the worker's :class:`~pipelines.run.tasks.WorkerContext`, which
+the pipeline's other tasks on that worker share -- so its weights version is the context's, and
+the group's attention is switched on only around an SP request
+(:func:`spotlight.parallel.ulysses.sequence_parallel`); or a model of its own that the spec
+builds (``{"build": fn, ...}``, ``fn(spec)`` returns the module: a benchmark's bare
+transformer, :mod:`pipelines.bench.sp`).
 """
 from __future__ import annotations
 
@@ -76,14 +77,6 @@ class WeightsNotHeldError(RuntimeError):
         return type(self), (self.holds, self.wanted, self.doing)
 
 
-def build_model(spec: dict) -> torch.nn.Module:
-    """A ``QwenImageTransformer2DModel`` of the given config (weights come separately)."""
-    from diffusers import QwenImageTransformer2DModel
-
-    torch.set_num_threads(spec.get("threads", 1))
-    return QwenImageTransformer2DModel(**spec["config"]).eval().requires_grad_(False)
-
-
 def _install(spec: dict, weights, version: int) -> dict:
     """Take ``weights()`` (a state dict) as ``version``, building the model first if this
     process has none; the seconds of each part."""
@@ -91,7 +84,7 @@ def _install(spec: dict, weights, version: int) -> dict:
     started = time.perf_counter()
     if "run" in spec:
         return _install_run(spec, weights, version, started)
-    st.model = st.model or build_model(spec)
+    st.model = st.model or spec["build"](spec)
     built = time.perf_counter()
     st.model.load_state_dict(weights())
     st.version = version

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.bench.sp import SPEC, build_transformer, request_inputs
 from pipelines.bench.sp_chaos import after_committed, kill_when
 from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.cluster.runtime import runtime
@@ -109,7 +109,7 @@ def test_sp_groups_under_kills_while_versions_change_compute_what_an_undisturbed
     from storage import RunStore
 
     torch.manual_seed(0)
-    model = executor.build_model(SPEC)
+    model = build_transformer(SPEC)
     v2 = published_weights(model)
     urls = {}
     for name in ("clean", "chaos"):

@@ -10,9 +10,8 @@ import time
 import pytest
 import torch
 
-from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.bench.sp import SPEC, build_transformer, request_inputs
 from pipelines.bench.sp_requests import denoise, denoise_alone
-from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, live_workers
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,7 +24,7 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
     from storage import RunStore
 
     torch.manual_seed(0)
-    model = executor.build_model(SPEC)
+    model = build_transformer(SPEC)
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     expected = denoise_alone(model, request_inputs(), STEPS)
@@ -62,7 +61,7 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     from storage import RunStore
 
     torch.manual_seed(0)
-    model = executor.build_model(SPEC)
+    model = build_transformer(SPEC)
     url = f"file://{tmp_path}/run"
     store = RunStore.open(url)
     store.save_checkpoint(0, model.state_dict(), None)

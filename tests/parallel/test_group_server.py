@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.bench.sp import SPEC, request_inputs
+from pipelines.bench.sp import SPEC, build_transformer, request_inputs
 from pipelines.bench.sp_chaos import after_committed, kill_when
 from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.parallel import executor
@@ -22,7 +22,7 @@ def test_requests_survive_members_killed_under_them(tmp_path):
     from storage import RunStore
 
     torch.manual_seed(0)
-    model = executor.build_model(SPEC)
+    model = build_transformer(SPEC)
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     requests = {f"r{i}": request_inputs(seed=10 + i) for i in range(4)}
@@ -52,7 +52,7 @@ def test_a_request_that_fails_without_a_loss_stops_serving_with_its_name(tmp_pat
 
     torch.manual_seed(0)
     url = f"file://{tmp_path}/run"
-    RunStore.open(url).save_checkpoint(0, executor.build_model(SPEC).state_dict(), None)
+    RunStore.open(url).save_checkpoint(0, build_transformer(SPEC).state_dict(), None)
     broken = {"hidden_states": torch.zeros(1, 3, 5)}   # no text stream: the forward raises
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
