@@ -55,7 +55,6 @@ class ExecutorState:
     version: int | None = None
     epoch: int | None = None
     rendezvous: dist.TCPStore | None = None
-    ddp: tuple | None = None    # (epoch, the model wrapped for data-parallel training)
     run: bool = False           # holds a run's policy (its context's), not a bare transformer
 
 
@@ -164,9 +163,7 @@ def leave(abort: bool = False) -> None:
         if abort:
             _abort(dist.distributed_c10d._get_default_group())
         dist.destroy_process_group()
-    if st.ddp is not None:   # it trained last: serving again takes the model as it was
-        st.model.eval().requires_grad_(False)
-    st.epoch = st.ddp = None
+    st.epoch = None
 
 
 def share_weights(spec: dict | None = None, version: int | None = None) -> str:
@@ -208,44 +205,9 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
     """This member's part of one SP forward; rank 0 returns the whole output."""
     st = state()
     check_epoch(epoch)
-    if st.ddp is not None:   # the group trained last: back to sequence parallelism
-        st.ddp = None
-        st.model.eval().requires_grad_(False)
-        ulysses.enable(st.model, dist.group.WORLD)
     with breaks_on_error():
         out = ulysses.forward(st.model, dist.group.WORLD, **inputs)
     return out if dist.get_rank() == 0 else None
-
-
-def train_step(epoch: int, batch: dict, target: torch.Tensor, lr: float,
-               version: int) -> dict | None:
-    """One data-parallel training step of the group: each member takes its equal share of the
-    batch (along the batch axis), DDP averages the gradients over the group, every member
-    applies the same SGD step and then holds weights ``version``. Rank 0 returns the averaged
-    gradients (the single-process step's on the whole batch, a test checks)."""
-    st = state()
-    from torch.nn.parallel import DistributedDataParallel
-
-    check_epoch(epoch)
-    model = st.model
-    if st.ddp is None or st.ddp[0] != epoch:
-        ulysses.disable(model)   # the group is data-parallel: whole sequences, full attention
-        model.train().requires_grad_(True)
-        st.ddp = (epoch, DistributedDataParallel(model, find_unused_parameters=True))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    size = target.shape[0] // world
-    mine = slice(rank * size, (rank + 1) * size)
-    shard = {k: v[mine] for k, v in batch.items()}
-    model.zero_grad(set_to_none=True)
-    out = st.ddp[1](**shard, return_dict=False)[0]
-    torch.nn.functional.mse_loss(out, target[mine]).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p -= lr * p.grad
-    st.version = version
-    return grads if rank == 0 else None
 
 
 def holds() -> int | None:

@@ -16,6 +16,7 @@ the exploration window and the spot workers' seconds per sample-step, measured o
 and how many spot slots there are); with ``planner.enabled`` off every iteration explores
 ``exploration.candidates`` at the rollout's steps.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,15 +67,15 @@ class IterationSummary:
 
     iteration: int
     rollout_reward: float
-    group_std: float                 # mean within-prompt std of the rollout rewards
-    source: str                      # where the seeds came from: random, explore, sync, ...
-    audit_tau: float | None = None   # stale vs fresh ranking of random candidates
+    group_std: float  # mean within-prompt std of the rollout rewards
+    source: str  # where the seeds came from: random, explore, sync, ...
+    audit_tau: float | None = None  # stale vs fresh ranking of random candidates
     val_reward: float | None = None  # of θ_k+1, when validated
-    plan: tuple[int, int, int] | None = None   # the planner's N, M and prompts for k+1
-    trained_on_explored: bool = False   # its rollout was the explored samples (no sampling)
+    plan: tuple[int, int, int] | None = None  # the planner's N, M and prompts for k+1
+    trained_on_explored: bool = False  # its rollout was the explored samples (no sampling)
     train_stats: dict = field(default_factory=dict)
-    zero_std_groups: int = 0         # groups whose rewards were all equal (no signal)
-    wall_s: float = field(default=0.0, compare=False)   # measured: two runs differ
+    zero_std_groups: int = 0  # groups whose rewards were all equal (no signal)
+    wall_s: float = field(default=0.0, compare=False)  # measured: two runs differ
 
 
 @dataclass
@@ -86,17 +87,24 @@ class InProcessHistory:
 
     def val_curve(self) -> list[tuple[int, float]]:
         """(iterations trained, validation reward), from the base model on."""
-        return [(0, self.base_val_reward)] + [(it.iteration + 1, it.val_reward)
-                                              for it in self.iterations
-                                              if it.val_reward is not None]
+        return [(0, self.base_val_reward)] + [
+            (it.iteration + 1, it.val_reward) for it in self.iterations if it.val_reward is not None
+        ]
 
 
 class InProcessRun:
     """One run of ``mode`` from the cached base model, iteration by iteration, in process."""
 
-    def __init__(self, config: RunConfig, mode: str, base_val_reward: float | None = None,
-                 time_model: TimeModel | None = None, progress: bool = False,
-                 store: str | None = None, stream_latents: bool = False) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        mode: str,
+        base_val_reward: float | None = None,
+        time_model: TimeModel | None = None,
+        progress: bool = False,
+        store: str | None = None,
+        stream_latents: bool = False,
+    ) -> None:
         """``base_val_reward``: the base model's validation reward when the caller measured it
         already (it depends on neither the mode nor the run seed), saving one validation.
         ``time_model``: what the planner plans with (needed with ``planner.enabled``).
@@ -106,23 +114,26 @@ class InProcessRun:
             raise ConfigError(f"in-process mode {mode!r}: choose one of {', '.join(MODE_NAMES)}")
         stale = MODES[mode].stale
         if config.exploration.deadline and MODES[mode].explores:
-            raise ConfigError("an in-process run explores without a clock: set "
-                              "exploration.deadline: false")
+            raise ConfigError(
+                "an in-process run explores without a clock: set exploration.deadline: false"
+            )
         if config.planner.enabled and stale and time_model is None:
-            raise ConfigError("an in-process run plans on modelled time: pass a TimeModel "
-                              "(exploration window, seconds per sample-step, spot slots), or "
-                              "set planner.enabled: false")
+            raise ConfigError(
+                "an in-process run plans on modelled time: pass a TimeModel "
+                "(exploration window, seconds per sample-step, spot slots), or "
+                "set planner.enabled: false"
+            )
         self.config = config.with_values({"mode": mode, "stream_latents": stream_latents})
         self.mode, self.time_model = mode, time_model
         self.store = RunStore.open(store or f"memory://inprocess-{uuid.uuid4().hex}")
-        self.store.save_checkpoint(0, tasks.prepared_base(self.config, progress).state_dict(),
-                                   None)
+        self.store.save_checkpoint(0, tasks.prepared_base(self.config, progress).state_dict(), None)
         self.log = StageLog(self.store)
         self.train_prompts = world_prompts(self.config, "train")
         self.val_prompts = world_prompts(self.config, "val")
-        self.program = IterationProgram(self.config, mode, self.train_prompts, self.log,
-                                        time_model or NoPlanningTime())
-        self.plans: dict[int, Plan] = {}   # iteration -> the plan that explored it
+        self.program = IterationProgram(
+            self.config, mode, self.train_prompts, self.log, time_model or NoPlanningTime()
+        )
+        self.plans: dict[int, Plan] = {}  # iteration -> the plan that explored it
         self.last_val_rewards: np.ndarray | None = None
         self.last_validation: dict | None = None
         self._candidates: dict[tuple[int, str], requests.Candidates] = {}
@@ -145,28 +156,37 @@ class InProcessRun:
 
     def validate(self, version: int) -> float:
         """Validate θ_version (recorded; a version validated before is read back)."""
-        iteration, stage = (None, Stage.BASE_VALIDATION) if version == 0 else \
-            (version - 1, Stage.VALIDATION)
+        iteration, stage = (
+            (None, Stage.BASE_VALIDATION) if version == 0 else (version - 1, Stage.VALIDATION)
+        )
         recorded = self.log.get(iteration, stage)
         if recorded is not None:
             return float(recorded.mean_reward)
-        out = tasks.validation_task(self.config, self.store, max(version - 1, 0),
-                                    self.val_prompts, version)
+        out = tasks.validation_task(
+            self.config, self.store, max(version - 1, 0), self.val_prompts, version
+        )
         self.last_val_rewards, self.last_validation = out["rewards"], out
-        self.log.record(iteration, stage,
-                        ValidationResult(float(out["mean_reward"]), version, out["record"]))
+        self.log.record(
+            iteration, stage, ValidationResult(float(out["mean_reward"]), version, out["record"])
+        )
         return float(out["mean_reward"])
 
-    def run_iterations(self, iterations: int, validate_every: int | None = None,
-                       report: Callable[[IterationSummary], None] | None = None,
-                       stop: Callable[[InProcessHistory], bool] | None = None
-                       ) -> InProcessHistory:
+    def run_iterations(
+        self,
+        iterations: int,
+        validate_every: int | None = None,
+        report: Callable[[IterationSummary], None] | None = None,
+        stop: Callable[[InProcessHistory], bool] | None = None,
+    ) -> InProcessHistory:
         """Iterations ``len(run.iterations)`` .. ``iterations - 1``; validation as the driver
         schedules it (every ``validation.every`` and after the last); ``report`` sees each.
         ``stop``, asked after each validation, ends the run early (the iterations it ran are
         those of the full run: the budget, not the stop, decides what each explores)."""
-        config = self.config if validate_every is None else \
-            self.config.with_values({"validation.every": validate_every})
+        config = (
+            self.config
+            if validate_every is None
+            else self.config.with_values({"validation.every": validate_every})
+        )
         for k in range(len(self.run.iterations), iterations):
             validate = validation_due(config, k, iterations)
             self.run.iterations.append(self.iteration(k, k + 1 < iterations, validate))
@@ -180,18 +200,34 @@ class InProcessRun:
         """Run iteration k of the program here."""
         start = time.monotonic()
         outcome: IterationOutcome = drive(
-            self.program.iteration(k, validate=validate, explore_next=explore_next), self.handle)
-        self.log.record(k, Stage.ITERATION, IterationRecord(
-            {"iteration": k, "mode": self.mode, "reward_mean": float(outcome.rewards.mean()),
-             "val_reward": outcome.val_reward}))
+            self.program.iteration(k, validate=validate, explore_next=explore_next), self.handle
+        )
+        self.log.record(
+            k,
+            Stage.ITERATION,
+            IterationRecord(
+                {
+                    "iteration": k,
+                    "mode": self.mode,
+                    "reward_mean": float(outcome.rewards.mean()),
+                    "val_reward": outcome.val_reward,
+                }
+            ),
+        )
         rewards, plan = outcome.rewards, outcome.plan
-        return IterationSummary(k, float(rewards.mean()), float(rewards.std(axis=1).mean()),
-                                "sync" if outcome.source == "explore-sync" else outcome.source,
-                                outcome.audit_tau, outcome.val_reward,
-                                (plan.candidates, plan.steps, plan.prompts) if plan else None,
-                                outcome.explored_rollout, outcome.train_stats,
-                                int((~outcome.advantages["kept"]).sum()),
-                                time.monotonic() - start)
+        return IterationSummary(
+            k,
+            float(rewards.mean()),
+            float(rewards.std(axis=1).mean()),
+            "sync" if outcome.source == "explore-sync" else outcome.source,
+            outcome.audit_tau,
+            outcome.val_reward,
+            (plan.candidates, plan.steps, plan.prompts) if plan else None,
+            outcome.explored_rollout,
+            outcome.train_stats,
+            int((~outcome.advantages["kept"]).sum()),
+            time.monotonic() - start,
+        )
 
     # --- the program's requests ------------------------------------------------------------------
     def handle(self, request: requests.StageRequest) -> Any:
@@ -226,25 +262,45 @@ class InProcessRun:
         return None
 
     def _EmbedPrompts(self, r: requests.EmbedPrompts) -> None:
-        tasks.embed_prompts_task(self.config, self.store, r.iteration,
-                                 r.texts + [p.text for p in self.val_prompts])
+        tasks.embed_prompts_task(
+            self.config, self.store, r.iteration, r.texts + [p.text for p in self.val_prompts]
+        )
 
     def _StartExploration(self, r: requests.StartExploration) -> list:
-        return [tasks.explore_task(self.config, self.store, request, self.attempt)
-                for request in explore_requests(self.config, r.iteration, r.prompts, r.version,
-                                                r.stage, r.candidates, r.steps)]
+        return [
+            tasks.explore_task(self.config, self.store, request, self.attempt)
+            for request in explore_requests(
+                self.config, r.iteration, r.prompts, r.version, r.stage, r.candidates, r.steps
+            )
+        ]
 
     def _FinishExploration(self, r: requests.FinishExploration) -> requests.Candidates:
-        found = recording.store_candidates(self.store, self.log, r.iteration, r.stage,
-                                           self.config.grpo.prompts_per_iteration, r.work, 0,
-                                           r.planned, None)
+        found = recording.store_candidates(
+            self.store,
+            self.log,
+            r.iteration,
+            r.stage,
+            self.config.grpo.prompts_per_iteration,
+            r.work,
+            0,
+            r.planned,
+            None,
+        )
         self._candidates[(r.iteration, r.stage)] = recording.candidates_of(found)
         return self._candidates[(r.iteration, r.stage)]
 
     def _StartAudit(self, r: requests.StartAudit) -> list:
-        return [tasks.explore_task(self.config, self.store, tasks.ExploreRequest(
-            r.iteration, p, prompt, seeds, 0, r.iteration, "audit", r.steps), self.attempt)
-            for p, prompt, seeds in r.picks]
+        return [
+            tasks.explore_task(
+                self.config,
+                self.store,
+                tasks.ExploreRequest(
+                    r.iteration, p, prompt, seeds, 0, r.iteration, "audit", r.steps
+                ),
+                self.attempt,
+            )
+            for p, prompt, seeds in r.picks
+        ]
 
     def _FinishAudit(self, r: requests.FinishAudit) -> list:
         return r.work
@@ -253,8 +309,9 @@ class InProcessRun:
         request = tasks.RolloutRequest(r.iteration, r.prompts, r.selection.seeds, r.iteration)
         out = explored_rollout_task(self.config, self.store, request, r.selection, r.stage)
         if out["found"]:
-            self._rollouts[r.iteration] = tasks.load_rollout_task(self.config, self.store,
-                                                                  r.iteration)
+            self._rollouts[r.iteration] = tasks.load_rollout_task(
+                self.config, self.store, r.iteration
+            )
             self.log.record(r.iteration, Stage.ROLLOUT, RolloutResult(task=out["record"]))
         return bool(out["found"])
 
@@ -263,10 +320,17 @@ class InProcessRun:
         out = rollout_task(self.config, self.store, request, self.attempt)
         self._rollouts = {r.iteration: out}
         chunks = rollout_requests(self.config, request)
-        finish_rollout(self.store, self.log, chunks, r.seeds, RolloutDone(
-            [out.record], RolloutResult(task=out.record),
-            files={c.name: rollout_store.request_file(c.name, self.attempt)
-                   for c in chunks}))
+        finish_rollout(
+            self.store,
+            self.log,
+            chunks,
+            r.seeds,
+            RolloutDone(
+                [out.record],
+                RolloutResult(task=out.record),
+                files={c.name: rollout_store.request_file(c.name, self.attempt) for c in chunks},
+            ),
+        )
 
     def _rollout(self, k: int) -> tasks.RolloutOutput:
         held = self._rollouts.get(k)
@@ -277,8 +341,14 @@ class InProcessRun:
             rewards = self._ReadRewards(requests.ReadRewards(r.iteration))
             task = self.log.get(r.iteration, Stage.ROLLOUT).task
         else:
-            out = tasks.reward_task(self.config, self.store, self._rollout(r.iteration),
-                                    r.prompts, self.config.grpo.group_size, r.iteration)
+            out = tasks.reward_task(
+                self.config,
+                self.store,
+                self._rollout(r.iteration),
+                r.prompts,
+                self.config.grpo.group_size,
+                r.iteration,
+            )
             rewards, task = out["rewards"], out["record"]
         self.log.record(r.iteration, Stage.REWARD, RewardResult(float(rewards.mean()), task))
         return rewards
@@ -288,8 +358,12 @@ class InProcessRun:
 
     def _Train(self, r: requests.Train) -> dict:
         k = r.iteration
-        trained = tasks.train_task(self.config, self.store, self._rollout(k),
-                                   tasks.TrainRequest(k, r.prompts, r.rewards, r.advantages, k))
+        trained = tasks.train_task(
+            self.config,
+            self.store,
+            self._rollout(k),
+            tasks.TrainRequest(k, r.prompts, r.rewards, r.advantages, k),
+        )
         saved = tasks.checkpoint_task(self.config, self.store, trained, k, k)
         self.store.commit_checkpoint(saved["checkpoint"])
         self._rollouts.pop(k, None)
@@ -300,18 +374,27 @@ class InProcessRun:
         return self.validate(r.version)
 
     # --- measuring staleness (bench arms) --------------------------------------------------------
-    def explore(self, iteration: int, version: int, candidates: int, stage: str = "explore",
-                prompts: list[Prompt] | None = None, steps: int | None = None) -> list:
+    def explore(
+        self,
+        iteration: int,
+        version: int,
+        candidates: int,
+        stage: str = "explore",
+        prompts: list[Prompt] | None = None,
+        steps: int | None = None,
+    ) -> list:
         """Score ``candidates`` seeds per prompt of ``iteration`` (or of its first ``prompts``)
         with θ_version, in the pipeline's requests; per prompt (seeds, rewards). Records
         nothing: a measurement beside the run."""
         prompts = prompts or self.prompts(iteration)
-        outs = self._StartExploration(requests.StartExploration(iteration, version, stage,
-                                                                prompts, candidates, steps))
+        outs = self._StartExploration(
+            requests.StartExploration(iteration, version, stage, prompts, candidates, steps)
+        )
         return core.gather([requests.scored_of(out) for out in outs], len(prompts))
 
-    def staleness_taus(self, k: int, lags: list[int], prompts: int,
-                       candidates: int) -> dict[int, float | None]:
+    def staleness_taus(
+        self, k: int, lags: list[int], prompts: int, candidates: int
+    ) -> dict[int, float | None]:
         """How fast a ranking goes stale: Kendall τ between θ_k's scores of random candidates of
         iteration k (the first ``prompts`` prompts) and θ_k-lag's scores of the same candidates,
         per lag (None where k < lag or every ranking tied). The run keeps its checkpoints."""

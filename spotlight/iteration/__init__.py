@@ -2,6 +2,7 @@
 requests it makes of an executor (:mod:`.requests`) and where its seconds come from
 (:mod:`.timing`). Executors live in ``pipelines.run``: the Dask driver and the in-process run.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -38,6 +39,20 @@ def drive(program: Program, handle: Callable[[Any], Any]) -> Any:
             raise
 
 
-__all__ = ["IterationOutcome", "IterationProgram", "NoPlanningTime", "PlanningInputs",
-           "PlanningTime", "Program", "TimeModel", "drive", "explore_window", "explored_stage",
-           "pulled", "requests", "selected_seed_tau", "trains_on_explored", "validation_due"]
+__all__ = [
+    "IterationOutcome",
+    "IterationProgram",
+    "NoPlanningTime",
+    "PlanningInputs",
+    "PlanningTime",
+    "Program",
+    "TimeModel",
+    "drive",
+    "explore_window",
+    "explored_stage",
+    "pulled",
+    "requests",
+    "selected_seed_tau",
+    "trains_on_explored",
+    "validation_due",
+]

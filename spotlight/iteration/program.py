@@ -22,6 +22,7 @@ exploration planner and the rank-fidelity monitor; its seconds come from an inje
 (``pipelines.run.driver``) and the in-process executor (``pipelines.run.inprocess``) -- they
 cannot disagree on a decision because neither makes one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Generator
@@ -69,7 +70,7 @@ from spotlight.rl.trainer import iteration_prompts
 Program = Generator[StageRequest, Any, Any]
 """A step of the program: yields requests, is sent their answers, returns its value."""
 
-STALE, SYNC = "explore", "explore-sync"   # the two exploration stages
+STALE, SYNC = "explore", "explore-sync"  # the two exploration stages
 
 
 def pulled(classes: tuple[str, ...]) -> bool:
@@ -96,12 +97,14 @@ def explored_stage(source: str) -> str:
 def trains_on_explored(config: RunConfig, selection: Selection | None) -> bool:
     """Whether the iteration with ``selection`` takes its rollout from exploration: the
     config asks for it and exploration scored every selected seed."""
-    return (config.objective.train_on_explored and selection is not None
-            and bool(np.isfinite(selection.selected_rewards).all()))
+    return (
+        config.objective.train_on_explored
+        and selection is not None
+        and bool(np.isfinite(selection.selected_rewards).all())
+    )
 
 
-def selected_seed_tau(stale: Candidates, selection: Selection,
-                      rewards: np.ndarray) -> float | None:
+def selected_seed_tau(stale: Candidates, selection: Selection, rewards: np.ndarray) -> float | None:
     """Kendall τ between the stale exploration rewards (θ_k-1) of the seeds an iteration
     rolled out and their rollout rewards (θ_k), within each prompt; None without pairs.
     Reported only: selection keeps each prompt's extremes, which biases it upwards."""
@@ -124,34 +127,34 @@ class IterationOutcome:
     iteration: int
     prompts: list[Prompt]
     selection: Selection
-    source: str                   # where the seeds came from (the selection stage's record)
-    resumed: list[str]            # stages recorded before this iteration started
-    rewards: np.ndarray
-    advantages: dict
-    train_stats: dict
-    explored_rollout: bool        # the rollout was the explored samples
-    tau: float | None = None      # stale vs rollout rewards of the selected seeds
+    source: str  # where the seeds came from (the selection stage's record)
+    resumed: list[str]  # stages recorded before this iteration started
+    rewards: np.ndarray | None = None
+    advantages: dict | None = None
+    train_stats: dict | None = None
+    explored_rollout: bool = False  # the rollout was the explored samples
+    tau: float | None = None  # stale vs rollout rewards of the selected seeds
     audit_tau: float | None = None
-    plan: Plan | None = None      # the plan that explores the next iteration
-    planned: int = 0              # candidates planned for the next iteration
-    explored: int = 0             # ... and scored
-    filled: int = 0               # seeds of the next iteration filled at random
+    plan: Plan | None = None  # the plan that explores the next iteration
+    planned: int = 0  # candidates planned for the next iteration
+    explored: int = 0  # ... and scored
+    filled: int = 0  # seeds of the next iteration filled at random
     val_reward: float | None = None
     fidelity_state: str = "trusting"
-
-
-@dataclass
-class _NextSeeds:
-    planned: int = 0
-    explored: int = 0
-    filled: int = 0
 
 
 class IterationProgram:
     """The decisions of a run's iterations; its planner and fidelity monitor live here."""
 
-    def __init__(self, config: RunConfig, mode: str | Mode, train_prompts: list[Prompt],
-                 stages: StageView, time: PlanningTime, planning: dict | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        mode: str | Mode,
+        train_prompts: list[Prompt],
+        stages: StageView,
+        time: PlanningTime,
+        planning: dict | None = None,
+    ) -> None:
         """``stages``: the run's stage log; ``planning``: the planner and monitor state a
         resumed run restores (:meth:`planning_state`), None for a new run."""
         self.config, self.mode = config, mode_of(mode)
@@ -159,8 +162,9 @@ class IterationProgram:
         self.planner = ExplorationPlanner(config.planner, config.sampler)
         self.monitor = RankFidelityMonitor(config.fidelity)
         if planning is not None:
-            self.planner = ExplorationPlanner.from_dict(config.planner, planning["planner"],
-                                                        config.sampler)
+            self.planner = ExplorationPlanner.from_dict(
+                config.planner, planning["planner"], config.sampler
+            )
             self.monitor = RankFidelityMonitor.from_dict(config.fidelity, planning["monitor"])
 
     @property
@@ -174,8 +178,9 @@ class IterationProgram:
 
     def prompts(self, iteration: int) -> list[Prompt]:
         """The training prompts of ``iteration`` (epochs over a seeded shuffle)."""
-        return iteration_prompts(self.train_prompts, iteration,
-                                 self.config.grpo.prompts_per_iteration, self.config.seed)
+        return iteration_prompts(
+            self.train_prompts, iteration, self.config.grpo.prompts_per_iteration, self.config.seed
+        )
 
     # --- one iteration ---------------------------------------------------------------------------
     def iteration(self, k: int, *, validate: bool, explore_next: bool) -> Program:
@@ -183,44 +188,39 @@ class IterationProgram:
         stage log holds the whole iteration already."""
         if self.stages.done(k, "iteration"):
             return None
-        stale = self.mode.stale
-        explores = explore_next and stale
+        explores = explore_next and self.mode.stale
         resumed = [s for s in ("rollout", "reward", "train") if self.stages.done(k, s)]
-        prompts = self.prompts(k)
         selection, source = yield from self.seeds_for(k)
+        out = IterationOutcome(k, self.prompts(k), selection, source, resumed)
         if stores_prompts(self.config):
-            nxt = self.prompts(k + 1) if explores else []
-            yield EmbedPrompts(k, [p.text for p in prompts + nxt])
+            following = self.prompts(k + 1) if explores else []
+            yield EmbedPrompts(k, [p.text for p in out.prompts + following])
         # The spot workers are idle while the rollout runs: audit the stale ranking then, and
         # (window "iteration") start exploring k+1 with θ_k, which is ready before the rollout.
-        audit = (yield from self._start_audit(k)) if stale and not self.stages.done(k, "audit") \
-            else None
-        window = explore_window(self.config, self.mode)
-        plan, exploring = None, None
-        if explores and window == "iteration":
-            plan, exploring = yield from self._start_next(k)
+        audit = yield from self._start_audit(k)
+        early = explores and explore_window(self.config, self.mode) == "iteration"
+        exploring = (yield from self._start_next(k, out)) if early else None
         yield StageStarted(k, "rollout")
-        rewards, explored_rollout = yield from self._rollout_and_reward(k, prompts, selection,
-                                                                        source)
+        yield from self._rollout_and_reward(out)
         yield StageStarted(k, "train")
-        advantages = yield ComputeAdvantages(k, rewards)
-        tau = None
-        if stale:
-            if not explored_rollout:   # trained on explored: the same rewards, nothing to rank
-                tau = yield from self._selected_seed_tau(k, selection, rewards)
-            yield from self._pay_planner(k, advantages)
-        if explores and window != "iteration":
-            plan, exploring = yield from self._start_next(k)
+        out.advantages = yield ComputeAdvantages(k, out.rewards)
+        if self.mode.stale:
+            if not out.explored_rollout:  # trained on explored: the same rewards, no ranking
+                out.tau = yield from self._selected_seed_tau(k, selection, out.rewards)
+            yield from self._pay_planner(k, out.advantages)
+        if explores and not early:
+            exploring = yield from self._start_next(k, out)
         recorded = self.stages.get(k, "train")
-        stats = recorded.stats if recorded is not None else \
-            (yield Train(k, prompts, rewards, advantages))
-        audit_tau = yield from self._watch_fidelity(k, audit)
-        following = yield from self._seeds_of_next(k, plan, exploring, resumed)
-        val_reward = (yield Validate(k + 1)) if validate else None
-        return IterationOutcome(k, prompts, selection, source, resumed, rewards, advantages,
-                                stats, explored_rollout, tau, audit_tau, plan, following.planned,
-                                following.explored, following.filled, val_reward,
-                                self.monitor.state)
+        out.train_stats = (
+            recorded.stats
+            if recorded is not None
+            else (yield Train(k, out.prompts, out.rewards, out.advantages))
+        )
+        out.audit_tau = yield from self._watch_fidelity(k, audit)
+        yield from self._seeds_of_next(out, exploring)
+        out.val_reward = (yield Validate(k + 1)) if validate else None
+        out.fidelity_state = self.monitor.state
+        return out
 
     # --- seeds -----------------------------------------------------------------------------------
     def seeds_for(self, k: int) -> Program:
@@ -230,8 +230,7 @@ class IterationProgram:
         if recorded is not None:
             return (yield ReadSelection(k)), recorded.source
         explored = self.mode.stale and self.stages.done(k, STALE)
-        source = seed_source(self.mode.name, self.trusting, self.config.fidelity.fallback,
-                             explored)
+        source = seed_source(self.mode.name, self.trusting, self.config.fidelity.fallback, explored)
         if source == "sync":
             return (yield from self._explore_now(k)), SYNC
         stale = (yield ReadCandidates(k, STALE)) if explored else None
@@ -241,8 +240,14 @@ class IterationProgram:
 
     def _selection(self, k: int, source: str, per_prompt: core.PerPrompt | None) -> Selection:
         cfg = self.config
-        return core.selection_of("sync" if source == SYNC else source, cfg.seed, k,
-                                 cfg.grpo.prompts_per_iteration, cfg.grpo.group_size, per_prompt)
+        return core.selection_of(
+            "sync" if source == SYNC else source,
+            cfg.seed,
+            k,
+            cfg.grpo.prompts_per_iteration,
+            cfg.grpo.group_size,
+            per_prompt,
+        )
 
     def _explore_now(self, k: int) -> Program:
         """Synchronous exploration with θ_k on gpu workers (sync mode, or the fallback)."""
@@ -254,32 +259,31 @@ class IterationProgram:
         yield RecordSelection(k, selection, SYNC)
         return selection
 
-    def _seeds_of_next(self, k: int, plan: Plan | None, exploring: Any,
-                       resumed: list[str]) -> Program:
+    def _seeds_of_next(self, out: IterationOutcome, exploring: Any) -> Program:
         """What exploration of k+1 finished -> the seeds of k+1 (recorded while trusted)."""
         if exploring is None:
-            return _NextSeeds()
+            return
+        k, plan = out.iteration, out.plan
         # No training window to hide in after a resume; deadline off = every request.
-        wait_all = not self.config.exploration.deadline or "train" in resumed
+        wait_all = not self.config.exploration.deadline or "train" in out.resumed
         yield StageStarted(k, "select")
-        planned = plan.prompts * plan.candidates
-        found = yield FinishExploration(k + 1, STALE, exploring, planned, wait_all)
-        filled = 0
+        out.planned = plan.prompts * plan.candidates
+        found = yield FinishExploration(k + 1, STALE, exploring, out.planned, wait_all)
+        out.explored = found.explored
         if self.trusting:
             selection = self._selection(k + 1, STALE, found.per_prompt)
             yield RecordSelection(k + 1, selection, STALE)
-            filled = int(selection.filled.sum())
-        return _NextSeeds(planned, found.explored, filled)
+            out.filled = int(selection.filled.sum())
 
     # --- exploring the next iteration ------------------------------------------------------------
-    def _start_next(self, k: int) -> Program:
-        """Plan the exploration of k+1 and start it with θ_k: (plan, handle or None)."""
-        plan = yield from self.plan(k + 1)
+    def _start_next(self, k: int, out: IterationOutcome) -> Program:
+        """Plan the exploration of k+1 (``out.plan``) and start it with θ_k: a handle, or None
+        when there is nothing to explore (recorded already, or a plan of none)."""
+        plan = out.plan = yield from self.plan(k + 1)
         if self.stages.done(k + 1, STALE) or not plan.candidates:
-            return plan, None
-        prompts = self.prompts(k + 1)[:plan.prompts]
-        work = yield StartExploration(k + 1, k, STALE, prompts, plan.candidates, plan.steps)
-        return plan, work
+            return None
+        prompts = self.prompts(k + 1)[: plan.prompts]
+        return (yield StartExploration(k + 1, k, STALE, prompts, plan.candidates, plan.steps))
 
     def plan(self, iteration: int) -> Program:
         """The (N, M) that explores ``iteration``: recorded, or the planner's (fixed with the
@@ -293,12 +297,27 @@ class IterationProgram:
         if cfg.planner.enabled:
             given = self.time.planning_inputs(iteration)
             replaced = given.replaced_rollout_s if cfg.objective.train_on_explored else None
-            plan = self.planner.plan(iteration, prompts, cfg.grpo.group_size, given.spot_slots,
-                                     given.windows_s, given.sec_per_sample_step, rollout_steps,
-                                     replaced)
+            plan = self.planner.plan(
+                iteration,
+                prompts,
+                cfg.grpo.group_size,
+                given.spot_slots,
+                given.windows_s,
+                given.sec_per_sample_step,
+                rollout_steps,
+                replaced,
+            )
         else:
-            plan = Plan(iteration, cfg.exploration.candidates, rollout_steps, prompts, None, None,
-                        None, "fixed: planner off")
+            plan = Plan(
+                iteration,
+                cfg.exploration.candidates,
+                rollout_steps,
+                prompts,
+                None,
+                None,
+                None,
+                "fixed: planner off",
+            )
             self.planner.events.append({"kind": "plan", **asdict(plan)})
         yield RecordPlan(plan, self.time.now(), announce=cfg.planner.enabled)
         return plan
@@ -313,25 +332,30 @@ class IterationProgram:
         if not stale.tasks:
             return
         plan = recorded.as_plan
-        random_std = random_group_std([rewards for _, rewards in stale.per_prompt],
-                                      self.config.grpo.group_size)
+        random_std = random_group_std(
+            [rewards for _, rewards in stale.per_prompt], self.config.grpo.group_size
+        )
         actual_s, billed_s = self.time.plan_outcome(k, plan, stale.tasks)
-        self.planner.record(plan, actual_s, float(np.mean(advantages["group_std"])), random_std,
-                            billed_s)
+        self.planner.record(
+            plan, actual_s, float(np.mean(advantages["group_std"])), random_std, billed_s
+        )
 
     # --- the rollout -----------------------------------------------------------------------------
-    def _rollout_and_reward(self, k: int, prompts: list[Prompt], selection: Selection,
-                            source: str) -> Program:
-        """(rewards, whether the rollout is the explored samples), skipping what is recorded."""
+    def _rollout_and_reward(self, out: IterationOutcome) -> Program:
+        """The rollout (the explored samples, where they may be trained on) and its rewards,
+        skipping what is recorded."""
+        k, prompts, selection = out.iteration, out.prompts, out.selection
         if not self.stages.done(k, "rollout"):
-            found = trains_on_explored(self.config, selection) and (yield RollOutExplored(
-                k, prompts, selection, explored_stage(source)))
+            found = trains_on_explored(self.config, selection) and (
+                yield RollOutExplored(k, prompts, selection, explored_stage(out.source))
+            )
             if not found:
                 yield RollOut(k, prompts, selection.seeds)
-        explored = bool((self.stages.get(k, "rollout").task or {}).get("explored"))
+        out.explored_rollout = bool((self.stages.get(k, "rollout").task or {}).get("explored"))
         if self.stages.done(k, "reward"):
-            return (yield ReadRewards(k)), explored
-        return (yield Score(k, prompts, explored)), explored
+            out.rewards = yield ReadRewards(k)
+        else:
+            out.rewards = yield Score(k, prompts, out.explored_rollout)
 
     def _selected_seed_tau(self, k: int, selection: Selection, rewards: np.ndarray) -> Program:
         if not self.stages.done(k, STALE):
@@ -343,17 +367,25 @@ class IterationProgram:
         """Re-score a random subset of k's stale candidates with θ_k, at the steps the stale
         exploration took (it measures staleness and nothing else): a handle, or None."""
         fidelity = self.config.fidelity
+        if not self.mode.stale or self.stages.done(k, "audit"):
+            return None
         if not self.stages.done(k, STALE) or not audit_due(k, fidelity.audit_every):
             return None
         stale = yield ReadCandidates(k, STALE)
-        picks = core.audit_candidates(self.config.seed, k, stale.per_prompt,
-                                      fidelity.audit_prompts, fidelity.audit_candidates)
+        picks = core.audit_candidates(
+            self.config.seed, k, stale.per_prompt, fidelity.audit_prompts, fidelity.audit_candidates
+        )
         if not picks:
             return None
         plan = self.stages.get(k, "plan")
         prompts = self.prompts(k)
-        return (yield StartAudit(k, [(p, prompts[p], seeds) for p, seeds in picks],
-                                 core.audit_steps(plan.as_plan if plan is not None else None)))
+        return (
+            yield StartAudit(
+                k,
+                [(p, prompts[p], seeds) for p, seeds in picks],
+                core.audit_steps(plan.as_plan if plan is not None else None),
+            )
+        )
 
     def _watch_fidelity(self, k: int, audit: Any) -> Program:
         """The audit's τ (random candidates, stale vs fresh) decides whether the next iteration

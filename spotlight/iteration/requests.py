@@ -12,6 +12,7 @@ Recording is the executor's job and always follows the data: a stage is in the s
 after what it wrote is in the run store, so a resumed run either finds a stage whole or redoes
 it. The program reads the log (:class:`StageView`) to know what is done.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -99,7 +100,7 @@ class RecordAudit:
 
     iteration: int
     audit: Audit
-    scored: list[Any]   # the executor's outputs of the audit requests, in request order
+    scored: list[Any]  # the executor's outputs of the audit requests, in request order
 
 
 # --- work --------------------------------------------------------------------------------------
@@ -234,10 +235,27 @@ class Validate:
     version: int
 
 
-StageRequest = (ReadSelection | ReadCandidates | ReadRewards | RecordPlan | RecordSelection
-                | RecordAudit | StageStarted | FidelityChanged | EmbedPrompts | StartExploration
-                | FinishExploration | StartAudit | FinishAudit | RollOutExplored | RollOut | Score
-                | ComputeAdvantages | Train | Validate)
+StageRequest = (
+    ReadSelection
+    | ReadCandidates
+    | ReadRewards
+    | RecordPlan
+    | RecordSelection
+    | RecordAudit
+    | StageStarted
+    | FidelityChanged
+    | EmbedPrompts
+    | StartExploration
+    | FinishExploration
+    | StartAudit
+    | FinishAudit
+    | RollOutExplored
+    | RollOut
+    | Score
+    | ComputeAdvantages
+    | Train
+    | Validate
+)
 """Everything the program may ask of an executor."""
 
 

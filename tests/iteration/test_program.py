@@ -1,6 +1,7 @@
 """The iteration program alone, in milliseconds: which requests it makes, in which order, what
 it skips on resume, and which decision each setting leads to. A scripted executor answers its
 requests and records stages the way the real executors do (``pipelines.run.recording``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,9 +69,13 @@ class Scripted:
             return r
         elif kind == "FinishExploration":
             start = r.work
-            per_prompt = [([int(s) for s in range(100 * p, 100 * p + start.candidates)],
-                           [(s % 10) / 10 for s in range(100 * p, 100 * p + start.candidates)])
-                          for p in range(len(start.prompts))]
+            per_prompt = [
+                (
+                    [int(s) for s in range(100 * p, 100 * p + start.candidates)],
+                    [(s % 10) / 10 for s in range(100 * p, 100 * p + start.candidates)],
+                )
+                for p in range(len(start.prompts))
+            ]
             per_prompt += [([], []) for _ in range(len(start.prompts), 2)]
             found = requests.Candidates(per_prompt, [{"start": 0.0, "end": 1.0}])
             self.candidates[(r.iteration, r.stage)] = found
@@ -79,8 +84,10 @@ class Scripted:
         elif kind == "ReadCandidates":
             return self.candidates[(r.iteration, r.stage)]
         elif kind == "FinishAudit":
-            return [Out(p, 0, np.asarray(seeds), np.asarray(seeds, float)[::-1])
-                    for p, _, seeds in r.work.picks]
+            return [
+                Out(p, 0, np.asarray(seeds), np.asarray(seeds, float)[::-1])
+                for p, _, seeds in r.work.picks
+            ]
         elif kind == "RecordAudit":
             self.stages[(r.iteration, "audit")] = AuditResult(r.audit.kendall_tau)
         elif kind == "RollOutExplored":
@@ -93,8 +100,11 @@ class Scripted:
             self.stages[(r.iteration, "reward")] = RewardResult(0.5)
             return np.arange(8, dtype=float).reshape(2, 4) / 10
         elif kind == "ComputeAdvantages":
-            return {"values": r.rewards - 0.3, "kept": np.ones(2, bool),
-                    "group_std": np.full(2, 0.1)}
+            return {
+                "values": r.rewards - 0.3,
+                "kept": np.ones(2, bool),
+                "group_std": np.full(2, 0.1),
+            }
         elif kind == "Train":
             self.stages[(r.iteration, "train")] = TrainResult(STATS)
             return STATS
@@ -116,20 +126,32 @@ class Out:
 
 def program(config, mode, executor, **changes):
     config = config.with_values(changes) if changes else config
-    return IterationProgram(config, mode, PROMPTS, executor,
-                            TimeModel(window_s=10.0, sec_per_sample_step=0.01, spot_slots=2))
+    return IterationProgram(
+        config,
+        mode,
+        PROMPTS,
+        executor,
+        TimeModel(window_s=10.0, sec_per_sample_step=0.01, spot_slots=2),
+    )
 
 
 def run(prog, executor, k, validate=False, explore_next=True):
-    return drive(prog.iteration(k, validate=validate, explore_next=explore_next),
-                 executor.handle)
+    return drive(prog.iteration(k, validate=validate, explore_next=explore_next), executor.handle)
 
 
 def test_vanilla_asks_for_random_seeds_a_rollout_a_score_and_a_training_in_that_order(tiny):
     executor = Scripted()
     outcome = run(program(tiny, "vanilla", executor), executor, 0, validate=True)
-    assert executor.kinds() == ["RecordSelection", "StageStarted", "RollOut", "Score",
-                                "StageStarted", "ComputeAdvantages", "Train", "Validate"]
+    assert executor.kinds() == [
+        "RecordSelection",
+        "StageStarted",
+        "RollOut",
+        "Score",
+        "StageStarted",
+        "ComputeAdvantages",
+        "Train",
+        "Validate",
+    ]
     assert executor.asked[0].source == "random" and outcome.val_reward == 0.25
     assert outcome.train_stats == STATS and outcome.resumed == []
 
@@ -138,24 +160,30 @@ def test_a_resumed_iteration_skips_what_the_stage_log_holds(tiny):
     executor = Scripted()
     prog = program(tiny, "vanilla", executor)
     run(prog, executor, 0)
-    del executor.stages[(0, "train")]   # the driver died after the reward was recorded
+    del executor.stages[(0, "train")]  # the driver died after the reward was recorded
     executor.asked.clear()
     outcome = run(prog, executor, 0)
-    assert executor.kinds() == ["ReadSelection", "StageStarted", "ReadRewards", "StageStarted",
-                                "ComputeAdvantages", "Train"]
+    assert executor.kinds() == [
+        "ReadSelection",
+        "StageStarted",
+        "ReadRewards",
+        "StageStarted",
+        "ComputeAdvantages",
+        "Train",
+    ]
     assert outcome.resumed == ["rollout", "reward"]
     executor.stages[(0, "iteration")] = object()
-    assert run(prog, executor, 0) is None   # a whole recorded iteration is only read back
+    assert run(prog, executor, 0) is None  # a whole recorded iteration is only read back
 
 
 def test_spotlight_selects_among_stale_candidates_audits_and_explores_the_next(tiny):
     executor = Scripted()
     prog = program(tiny, "spotlight", executor, **{"fidelity.audit_every": 1})
-    run(prog, executor, 0)   # explores iteration 1 with θ_0 (window: the iteration's start)
+    run(prog, executor, 0)  # explores iteration 1 with θ_0 (window: the iteration's start)
     start = next(r for r in executor.asked if isinstance(r, requests.StartExploration))
     assert (start.iteration, start.version, start.stage) == (1, 0, "explore")
     finish = next(r for r in executor.asked if isinstance(r, requests.FinishExploration))
-    assert finish.wait_all and finish.planned == 2 * 6   # deadline off: every request
+    assert finish.wait_all and finish.planned == 2 * 6  # deadline off: every request
     assert executor.stages[(1, "selection")].source == "explore"
     executor.asked.clear()
     outcome = run(prog, executor, 1)
@@ -166,27 +194,34 @@ def test_spotlight_selects_among_stale_candidates_audits_and_explores_the_next(t
     assert outcome.audit_tau == -1.0 and outcome.tau is not None
 
 
-@pytest.mark.parametrize("fallback, source, explores_now", [("random", "fallback-random", False),
-                                                            ("sync", "explore-sync", True)])
+@pytest.mark.parametrize(
+    "fallback, source, explores_now",
+    [("random", "fallback-random", False), ("sync", "explore-sync", True)],
+)
 def test_in_fallback_the_seeds_come_from_the_fallback(tiny, fallback, source, explores_now):
     executor = Scripted()
     prog = program(tiny, "spotlight", executor, **{"fidelity.fallback": fallback})
     run(prog, executor, 0)
-    del executor.stages[(1, "selection")]   # selected while trusting: undo for the test
+    del executor.stages[(1, "selection")]  # selected while trusting: undo for the test
     prog.monitor.state = "fallback"
     executor.asked.clear()
     run(prog, executor, 1, explore_next=False)
     assert executor.stages[(1, "selection")].source == source
     sync = [r for r in executor.asked if isinstance(r, requests.StartExploration)]
-    assert [(r.iteration, r.version, r.stage) for r in sync] == \
-        ([(1, 1, "explore-sync")] if explores_now else [])
+    assert [(r.iteration, r.version, r.stage) for r in sync] == (
+        [(1, 1, "explore-sync")] if explores_now else []
+    )
 
 
 def test_training_on_explored_samples_rolls_out_only_when_a_sample_is_missing(tiny):
     for found in (True, False):
         executor = Scripted(explored_found=found)
-        prog = program(tiny, "spotlight", executor, **{"objective.kind": "nft",
-                                                        "objective.train_on_explored": True})
+        prog = program(
+            tiny,
+            "spotlight",
+            executor,
+            **{"objective.kind": "nft", "objective.train_on_explored": True},
+        )
         run(prog, executor, 0)
         executor.asked.clear()
         outcome = run(prog, executor, 1, explore_next=False)
@@ -195,7 +230,7 @@ def test_training_on_explored_samples_rolls_out_only_when_a_sample_is_missing(ti
         assert outcome.explored_rollout is found
         score = next(r for r in executor.asked if isinstance(r, requests.Score))
         assert score.explored is found
-        assert (outcome.tau is None) is found   # the same rewards: nothing to rank
+        assert (outcome.tau is None) is found  # the same rewards: nothing to rank
 
 
 def test_with_the_deadline_on_the_next_seeds_take_what_finished_unless_resumed(tiny):
@@ -214,15 +249,17 @@ def test_the_planner_plans_on_the_injected_time_and_is_paid(tiny):
     assert plan.announce and plan.plan.slots == 2 and plan.plan.reason.startswith("untried")
     assert sum(prog.planner.pulls) == 0
     run(prog, executor, 1)
-    assert sum(prog.planner.pulls) == 1   # the plan that explored iteration 1 was paid
+    assert sum(prog.planner.pulls) == 1  # the plan that explored iteration 1 was paid
     assert prog.planning_state()["planner"]["pulls"] == prog.planner.pulls
 
 
 def test_the_tau_of_the_selected_seeds_pairs_stale_and_rollout_rewards():
     stale = requests.Candidates([([1, 2, 3], [0.1, 0.2, 0.3]), ([4, 5], [0.5, 0.4])])
-    selection = Selection(np.array([[1, 2, 3], [4, 5, 9]]), np.zeros(2, int), np.zeros(2, int),
-                          np.zeros((2, 3)))
+    selection = Selection(
+        np.array([[1, 2, 3], [4, 5, 9]]), np.zeros(2, int), np.zeros(2, int), np.zeros((2, 3))
+    )
     rewards = np.array([[1.0, 2.0, 3.0], [0.0, 1.0, 7.0]])
-    assert selected_seed_tau(stale, selection, rewards) == 0.0   # +1 and -1, averaged
-    assert selected_seed_tau(requests.Candidates([([1], [0.1]), ([], [])]), selection,
-                             rewards) is None
+    assert selected_seed_tau(stale, selection, rewards) == 0.0  # +1 and -1, averaged
+    assert (
+        selected_seed_tau(requests.Candidates([([1], [0.1]), ([], [])]), selection, rewards) is None
+    )

@@ -17,6 +17,7 @@ from pipelines.cluster.runtime import runtime
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 from pipelines.parallel.serve import GroupServer
+from tests.parallel.in_place_training import train_step
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 24
@@ -71,7 +72,7 @@ def scenario(client, url: str, chaos: bool, v2: dict) -> dict:
         if phase == "v1":
             trainers = sorted(sp.membership.serving(), key=lambda g: g.members)[0]
             batch, target = train_batch()
-            futures = sp.submit(trainers, executor.train_step, batch, target, 0.05, 1)
+            futures = sp.submit(trainers, train_step, batch, target, 0.05, 1)
             assert [f.result() is not None for f in futures] == [True, False]
             sp.trained(1, trainers)
             if chaos:   # its next request fails; it is found without weights and copies again

@@ -1,6 +1,7 @@
 """A trainer's update tested on its own: sample a group in this process, score it with a reward
 of the test's choosing, and train on it. (A run's iterations are the iteration program's; these
 tests need only the update, with rewards whose optimum they know.)"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,24 +32,40 @@ def sample_group(trainer: FlowGRPO, prompts: list[Prompt], seeds: np.ndarray) ->
     group = seeds.shape[1]
     flat = [p for p in prompts for _ in range(group)]
     policy.eval()
-    trajectory = Trajectory.concat([
-        sample(policy, [p.text for p in prompts[c] for _ in range(group)],
-               sample_keys(config.seed, prompts[c], seeds[c]), config.sampler, mode="sde")
-        for c in rollout_chunks(len(prompts), config.grpo.request_prompts)])
+    trajectory = Trajectory.concat(
+        [
+            sample(
+                policy,
+                [p.text for p in prompts[c] for _ in range(group)],
+                sample_keys(config.seed, prompts[c], seeds[c]),
+                config.sampler,
+                mode="sde",
+            )
+            for c in rollout_chunks(len(prompts), config.grpo.request_prompts)
+        ]
+    )
     images = policy.decode(trajectory.final)
     rewards = np.asarray(trainer.reward_fn(images, flat), dtype=np.float64)
     trainer.check_rewards(rewards, "rollout")
-    return Rollout(flat, sample_keys(config.seed, prompts, seeds), trajectory, images,
-                   rewards.reshape(seeds.shape))
+    return Rollout(
+        flat,
+        sample_keys(config.seed, prompts, seeds),
+        trajectory,
+        images,
+        rewards.reshape(seeds.shape),
+    )
 
 
-def update(trainer: FlowGRPO, iteration: int, prompts: list[Prompt],
-           seeds: np.ndarray) -> tuple[UpdateStats, Rollout]:
+def update(
+    trainer: FlowGRPO, iteration: int, prompts: list[Prompt], seeds: np.ndarray
+) -> tuple[UpdateStats, Rollout]:
     """Sample, score, and take the iteration's update on the groups that carry signal."""
     rollout = sample_group(trainer, prompts, seeds)
     grpo = trainer.config.grpo
-    advantages = group_advantages(rollout.rewards, global_std=grpo.global_std,
-                                  clip=grpo.adv_clip_max)
+    advantages = group_advantages(
+        rollout.rewards, global_std=grpo.global_std, clip=grpo.adv_clip_max
+    )
     stats = trainer.train(rollout, advantages, iteration)
-    return UpdateStats(float(rollout.rewards.mean()), advantages.dropped, len(prompts),
-                       **stats), rollout
+    return UpdateStats(
+        float(rollout.rewards.mean()), advantages.dropped, len(prompts), **stats
+    ), rollout
