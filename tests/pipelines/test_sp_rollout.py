@@ -95,7 +95,7 @@ def test_a_member_killed_mid_request_regroups_and_the_request_resumes(run_yaml, 
         deadline = time.monotonic() + 120
         steps = SP["sampler.num_steps"]
         while time.monotonic() < deadline and not killed:
-            groups = session.driver.standing.sp_groups
+            groups = session.driver.carried.sp_groups
             store = RunStore.open(url, create=False) if groups else None
             for name in ("p0000", "p0001") if store else ():
                 point = store.resume_point("iter-0/rollout", name)

@@ -2,8 +2,12 @@
 
 Run from the project root: python geneval_terms.py [KEY=VALUE ...] (config overrides).
 """
-import sys, numpy as np, torch
+import sys
 from collections import defaultdict
+
+import numpy as np
+import torch
+
 from spotlight.config import load_config, shipped_config
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
@@ -44,6 +48,8 @@ res = validate(base_policy(cfg, progress=False), prompts, reward, check_rewards,
 breakdown(res.images, [p for p in res.prompts for _ in range(4)], f"base val={res.mean_reward:.3f}")
 # The picture: the world's canvases (top) over the base's samples (bottom), one seed per prompt.
 import PIL.Image as I
+
+
 def grid(imgs, n=32):
     imgs = np.clip(imgs[:n], 0, 1)
     rows = [np.concatenate(list(imgs[i:i+8].transpose(0, 2, 3, 1)), axis=1) for i in range(0, n, 8)]

@@ -1,11 +1,14 @@
 """Seconds per iteration on the embedded cluster (1 gpu + 1 spot), as bench convergence's cluster
 check measures them: nft-stale against reuse-stale, seed 0, a fixed number of iterations."""
-import json, os, shutil, sys
+import json
+import os
+import shutil
+import sys
+
 from pipelines.bench.bench_modes import objective_settings
 from pipelines.bench.convergence import BENCH_SETTINGS, run_until
 from pipelines.bench.learning import TASK_CONFIGS
 from spotlight.config import load_config
-
 
 
 def main():

@@ -2,7 +2,10 @@
 5, from the cached base; run from the repository root:
     python docs/data/nft-reuse-2026-11-28/probe.py OUT.json 0,1 nft-vanilla,nft-stale,reuse-stale 0.23958333333333334
 """
-import json, sys, time
+import json
+import sys
+import time
+
 from pipelines.bench.bench_modes import objective_settings, session_mode
 from pipelines.bench.convergence import BENCH_SETTINGS
 from pipelines.bench.learning import TASK_CONFIGS
