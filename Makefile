@@ -35,7 +35,7 @@ lint: $(STAMP)
 # allowed minutes.
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q --durations=40
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.
