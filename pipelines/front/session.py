@@ -41,6 +41,7 @@ from spotlight.config import (
     from_stored,
     load_config,
 )
+from spotlight.iteration import validation_due
 from spotlight.models.base import check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
@@ -183,16 +184,13 @@ class Session:
     def completed_iterations(self) -> int:
         return self.view.completed_iterations()
 
-    def _validate_after(self, k: int, target: int) -> bool:
-        return (k + 1) % self.config.validation.every == 0 or k + 1 >= target
-
     def _run_one(self, k: int, target: int) -> IterationResult:
         if k > 0 and not self.store.is_stage_done(stage_name(k - 1, "iteration")):
             raise RuntimeError(f"iteration {k} cannot start: iteration {k - 1} did not complete "
                                f"(see its error); resume with Session.resume({self.url!r})")
         if k == 0:
             self.driver.validate(0)
-        return self.driver.run_iteration(k, validate=self._validate_after(k, target),
+        return self.driver.run_iteration(k, validate=validation_due(self.config, k, target),
                                          explore_next=k + 1 < target)
 
     def submit_iteration(self, target: int | None = None) -> concurrent.futures.Future:
