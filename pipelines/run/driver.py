@@ -71,7 +71,7 @@ class Driver:
         self.config, self.store, self.cluster, self.mode = config, store, cluster, mode
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.on_event = on_event or (lambda kind, info: None)
-        self.prices = _prices(config)
+        self.prices = run_prices(config.cost)
         self.log = StageLog(store, on_record=self._stage_recorded)   # what is done, typed
         self.ledger = self._restored_ledger()
         self._attempt = uuid.uuid4().hex[:6]
@@ -219,7 +219,7 @@ class Driver:
         return recording.candidates_of(self.exploration.candidates(r.iteration, r.stage))
 
     def _ReadRewards(self, r: requests.ReadRewards) -> np.ndarray:
-        return self._stored_rewards(r.iteration)
+        return recording.read_rewards(self.store, r.iteration)
 
     def _RecordPlan(self, r: requests.RecordPlan) -> None:
         recording.record_plan(self.log, r.plan, r.at)
@@ -306,7 +306,8 @@ class Driver:
         rewards (written with them, never re-scored)."""
         k, where = r.iteration, self.worker_class("reward")
         if r.explored:
-            rewards, task = self._stored_rewards(k), self.log.get(k, Stage.ROLLOUT).task
+            rewards = recording.read_rewards(self.store, k)
+            task = self.log.get(k, Stage.ROLLOUT).task
         else:
             out = self.result(self.submit(tasks.reward_task, self.config, self.store,
                                           self._rollout_held(k), r.prompts,
@@ -317,10 +318,6 @@ class Driver:
             self._work.records.append(task)
         self.log.record(k, Stage.REWARD, RewardResult(mean=float(rewards.mean()), task=task))
         return rewards
-
-    def _stored_rewards(self, k: int) -> np.ndarray:
-        """Iteration ``k``'s rewards as its reward stage wrote them to the run store."""
-        return self.store.get_arrays(tasks.stage_name(k, "reward"), "reward")["rewards"]
 
     def _ComputeAdvantages(self, r: requests.ComputeAdvantages) -> dict:
         k, where = r.iteration, self.worker_class("train")
@@ -438,7 +435,3 @@ class Driver:
                         add(prompts[p].text, int(seed), stage, float(reward), version, nan,
                             float(int(seed) in chosen[p]))
         self.store.append_rewards(k, cols)
-
-
-def _prices(config: RunConfig) -> dict[str, float]:
-    return run_prices(config.cost)

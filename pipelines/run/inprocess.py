@@ -31,7 +31,6 @@ from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import recording, rollout_store, tasks
 from pipelines.run.exploration import explore_requests
 from pipelines.run.explored import explored_rollout_task
-from pipelines.run.records import stage_name
 from pipelines.run.rollout import RolloutDone, finish_rollout, rollout_requests, rollout_task
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (
@@ -243,7 +242,7 @@ class InProcessRun:
         return self._candidates[key]
 
     def _ReadRewards(self, r: requests.ReadRewards) -> np.ndarray:
-        return self.store.get_arrays(stage_name(r.iteration, "reward"), "reward")["rewards"]
+        return recording.read_rewards(self.store, r.iteration)
 
     def _RecordPlan(self, r: requests.RecordPlan) -> None:
         self.plans[r.plan.iteration] = r.plan
@@ -338,7 +337,7 @@ class InProcessRun:
 
     def _Score(self, r: requests.Score) -> np.ndarray:
         if r.explored:
-            rewards = self._ReadRewards(requests.ReadRewards(r.iteration))
+            rewards = recording.read_rewards(self.store, r.iteration)
             task = self.log.get(r.iteration, Stage.ROLLOUT).task
         else:
             out = tasks.reward_task(

@@ -106,5 +106,10 @@ def record_audit(
     log.record(iteration, Stage.AUDIT, AuditResult(audit.kendall_tau))
 
 
+def read_rewards(store: RunStore, iteration: int) -> Any:
+    """Iteration ``iteration``'s rewards (P, G) as its reward stage stored them."""
+    return store.get_arrays(stage_name(iteration, "reward"), "reward")["rewards"]
+
+
 def read_audit(store: RunStore, iteration: int) -> dict:
     return store.get_json(stage_name(iteration, Stage.AUDIT), "audit")

@@ -39,7 +39,6 @@ from pipelines.run.streamed import (
     run_streamed_request,
     sample_streamed,
 )
-from spotlight.iteration import pulled  # noqa: F401  (re-exported: where rollouts run)
 from spotlight.models.prompts import Prompt
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import rollout_chunks, sample_keys
