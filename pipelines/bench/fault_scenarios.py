@@ -147,15 +147,23 @@ def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) ->
                "iteration 1's exploration")
     cut = time.time()
     bench.bed.partition(host)
-    heal = threading.Timer(heal_after_s, bench.bed.heal, (host,))
+    healed: list[float] = []
+
+    def heal_now() -> None:
+        if not healed:
+            healed.append(time.time())
+            bench.bed.heal(host)
+
+    heal = threading.Timer(heal_after_s, heal_now)
     heal.start()
     _finished(driver, "the partitioned run")
     heal.cancel()
-    bench.bed.heal(host)
+    heal_now()
     time.sleep(10.0)   # the healed worker's attempt writes on, and is fenced
     store = bench.store(url)
-    notices = sorted((e for e in store.read_events() if e.get("kind") == "request"
-                      and e.get("what") in ("silent", "worker_lost") and e.get("worker") == host),
+    requests = [e for e in store.read_events() if e.get("kind") == "request"
+                and e.get("worker") == host]
+    notices = sorted((e for e in requests if e.get("what") in ("silent", "worker_lost")),
                      key=lambda e: e["at"])
     given_up = given_up_attempts(dispatch_logs(store, bench.iterations), epoch=1)
     ends = [store.latents.commit_record(g.stage, g.request).get("updated_at", 0.0)
@@ -166,7 +174,12 @@ def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) ->
     return {**out, "detect_s": None if detected is None else detected - cut,
             "recover_s": None if detected is None or not ends else max(ends) - detected,
             "detected_by": notices[0]["what"] if notices else None,
-            "moved_requests": len(given_up), "host": host, "healed_after_s": heal_after_s}
+            "moved_requests": len(given_up), "host": host, "healed_after_s": heal_after_s,
+            # the pool's own account: requests it took back from the host, and any it gave
+            # the host between noticing it gone and the heal (there must be none)
+            "requeued": sum(e.get("what") == "requeued" for e in requests),
+            "assigned_while_cut": sum(e.get("what") == "assigned" and detected is not None
+                                      and detected < e["at"] < healed[0] for e in requests)}
 
 
 def _listed(bench: Bench, url: str, *parts: str) -> bool:
@@ -237,6 +250,7 @@ def dual_driver(bench: Bench) -> dict:
     second = Driver.start(bench.cluster, "run", "--resume", url, host="driver-2")
     refused = second.wait(300)
     refuse_s = time.time() - asked
+    first_undisturbed = first.proc.poll() is None
     taker = Driver.start(bench.cluster, "run", "--resume", url, "--takeover", "--force",
                          "--iterations", str(bench.iterations), host="driver-2")
     _finished(taker, "the taking-over driver")
@@ -248,7 +262,20 @@ def dual_driver(bench: Bench) -> dict:
     out = bench.outcome(url, took)
     return {**out, "detect_s": None if fenced is None else fenced - took,
             "recover_s": None if not mine else min(mine) - took,
-            "refused_exit": refused, "refuse_s": refuse_s, "first_exit": first_code}
+            "refused_exit": refused, "refuse_s": refuse_s, "first_exit": first_code,
+            "first_pid": first.proc.pid, "first_undisturbed": first_undisturbed,
+            "refused": _errors(second), "refused_started": "run:" in second.out.text(),
+            "taker_lease": _lines(taker.err, "lease: epoch"), "first_errors": _errors(first),
+            "tracebacks": sum("Traceback" in d.err.text() for d in (first, second, taker))}
+
+
+def _lines(timeline: Timeline, text: str) -> list[str]:
+    return [line[:300] for _, line in timeline.lines if text in line]
+
+
+def _errors(driver: Driver) -> list[str]:
+    """The ``error:`` lines a driver printed: what its user reads."""
+    return [line[:300] for _, line in driver.err.lines if line.startswith("error:")]
 
 
 def store_outage(bench: Bench, outage_s: float = 30.0) -> dict:
@@ -311,10 +338,11 @@ def scheduler_loss(bench: Bench) -> dict:
     _finished(resumed, "the resumed run")
     later = [r["at"] for r in bench.store(url).manifest.stages().values()
              if r.get("at", 0.0) > stopped]
-    error = [line for line in driver.err.text().splitlines() if line.startswith("error:")]
+    error = _errors(driver)
     return {**bench.outcome(url, killed), "detect_s": stopped - killed,
             "recover_s": None if not later else min(later) - killed, "driver_exit": code,
-            "driver_error": error[-1][:300] if error else None}
+            "driver_error": error[-1] if error else None,
+            "tracebacks": sum("Traceback" in d.err.text() for d in (driver, resumed))}
 
 
 SCENARIOS = {"partition": partition, "zombie": zombie, "dual_driver": dual_driver,

@@ -4,11 +4,13 @@ then the run compared with the clean one. The scenarios share one bed and one cl
 ``bench`` fixture), as the command's do; the installed command's test, first, builds its own."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipelines.bench import fault_scenarios
 from pipelines.bench.bed_cluster import start_bed_cluster
-from pipelines.bench.fault_scenarios import Bench
+from pipelines.bench.fault_scenarios import Bench, Driver
 from pipelines.bench.faults import targets_met, write_bench_config
 from tests.pipelines.conftest import run_quick_bench, write_tiny_world
 
@@ -29,26 +31,70 @@ def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside
 
 
 @pytest.fixture(scope="module")
-def bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
-    """One bed, one cluster and one clean run for the module; the scenario tests below run on
-    them in the order ``spotlight bench faults`` runs its scenarios (each fault's run has a
-    store of its own; the scheduler's loss comes last, as it moves the scheduler)."""
+def bed_bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
+    """One bed and one cluster for the module: the scenario tests below run on them in the
+    order ``spotlight bench faults`` runs its scenarios (each fault's run has a store of its
+    own; the scheduler's loss comes last, as it moves the scheduler)."""
     root = tmp_path_factory.mktemp("faults")
     config = write_tiny_world(root)
     cluster = start_bed_cluster(module_testbed, root / "bed", gpu=1, spot=2,
                                 spare=("driver-2", "scheduler-2"))
-    bench = Bench(module_testbed, cluster,
-                  write_bench_config(root, str(config), False, TEST_SIZE), 2, root)
-    bench.clean_url = fault_scenarios.clean_run(bench)["url"]
-    return bench
+    return Bench(module_testbed, cluster, write_bench_config(root, str(config), False, TEST_SIZE),
+                 2, root)
+
+
+@pytest.fixture(scope="module")
+def clean(bed_bench) -> Driver:
+    """The clean run every scenario is compared with, as its driver finished it."""
+    driver = Driver.start(bed_bench.cluster,
+                          *bed_bench.run_args(bed_bench.cluster.store_url("clean")))
+    assert driver.wait() == 0, driver.text()
+    return driver
+
+
+@pytest.fixture(scope="module")
+def bench(bed_bench, clean) -> Bench:
+    bed_bench.clean_url = bed_bench.cluster.store_url("clean")
+    return bed_bench
+
+
+def test_a_run_across_hosts_keeps_its_state_on_the_s3_host(bench, clean):
+    """The clean run: scheduler, S3 store, gpu and spot workers and the driver each on its own
+    host, all over TLS; its state is on the S3 host, read back as an auditor would."""
+    printed = clean.out.text()
+    assert f"run: {bench.clean_url}" in printed and "done: 2 iterations" in printed, printed
+    store = bench.store(bench.clean_url)
+    assert store.is_stage_done("iter-1/iteration") and store.latest_checkpoint() == 2
+    workers = {r["worker"] for r in store.get_json("iter-0/iteration", "tasks")["tasks"]}
+    assert workers <= {"gpu-0", "spot-0", "spot-1"} and "gpu-0" in workers, workers
 
 
 def test_a_partition_and_a_second_driver_lose_nothing_and_mix_nothing(bench):
+    """spot-1's link goes down while it explores (Dask still lists it: its TTL is minutes): the
+    pool notices (from the silence, or Dask's own loss of the connection on a loaded machine),
+    takes its request back and gives it nothing more until the heal. A second driver from
+    another host is refused in one line without disturbing the first; a forced takeover fences
+    the first, which says so in one line."""
     found = {"partition": fault_scenarios.partition(bench, heal_after_s=20.0),
              "dual_driver": fault_scenarios.dual_driver(bench)}
-    assert found["partition"]["moved_requests"] >= 1, found
-    assert found["dual_driver"]["refused_exit"] == 3 and found["dual_driver"]["first_exit"] == 6, \
-        found
+    cut, dual = found["partition"], found["dual_driver"]
+    assert cut["moved_requests"] >= 1 and cut["requeued"] >= 1, found
+    assert cut["assigned_while_cut"] == 0, found
+    assert dual["refused_exit"] == 3 and dual["first_exit"] == 6, found
+    assert len(dual["refused"]) == 1 and f"(pid {dual['first_pid']}," in dual["refused"][0] \
+        and "expires in" in dual["refused"][0], found
+    assert not dual["refused_started"] and dual["first_undisturbed"], found
+    assert any("(took over from host " in line and f"pid {dual['first_pid']}, epoch 1)" in line
+               for line in dual["taker_lease"]), found
+    assert [line.split(":")[1] for line in dual["first_errors"]] == [" fenced"], found
+    assert dual["tracebacks"] == 0, found
+    store = bench.store(bench.cluster.store_url("dual"))
+    lease, manifest = (json.loads(store.location.read_bytes(name, small=True))
+                       for name in ("lease.json", "manifest.json"))
+    assert manifest["writer_epoch"] == lease["epoch"] == 2 and lease["released"], lease
+    taken = [e for e in store.read_events() if e["kind"] == "lease" and e.get("took_over_from")]
+    assert [(e["epoch"], e["took_over_from"]["pid"]) for e in taken] == \
+        [(2, dual["first_pid"])], taken
     assert targets_met(found) == {"partition": True, "dual_driver": True}, found
 
 
@@ -74,6 +120,8 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
     scheduler on another host. Both end identical to the clean run."""
     found = {"driver_loss": fault_scenarios.driver_loss(bench),
              "scheduler_loss": fault_scenarios.scheduler_loss(bench)}
-    assert found["scheduler_loss"]["driver_exit"] == 4, found
-    assert "stopped answering" in found["scheduler_loss"]["driver_error"], found
+    lost = found["scheduler_loss"]
+    assert lost["driver_exit"] == 4 and lost["tracebacks"] == 0, found
+    assert "stopped answering" in lost["driver_error"] and "--scheduler" in lost["driver_error"], \
+        found
     assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found
