@@ -33,10 +33,12 @@ from distributed.utils import get_mp_context
 
 CLOSE_S = 20.0
 START_METHOD_KEY = "distributed.worker.multiprocessing-method"
-# What every worker imports to run the project's tasks (a model's own packages, diffusers for
-# one, it imports when first used: a digits run's workers never need them).
+# What every worker imports to run the project's tasks. The digits policy is diffusers'
+# QwenImageTransformer2DModel, so every policy -- digits, Qwen-Image -- imports diffusers (with
+# torch's compiler stack and peft, about 3 s of a core); preloaded, a worker forks with it done.
 WORKER_MODULES = ("distributed", "pipelines.cluster.worker_setup", "pipelines.run.tasks",
-                  "pipelines.parallel.executor", "pipelines.parallel.training", "zarr")
+                  "pipelines.parallel.executor", "pipelines.parallel.training", "zarr",
+                  "spotlight.models.policy")
 
 
 class EmbeddedNanny(Nanny):

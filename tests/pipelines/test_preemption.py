@@ -1,6 +1,7 @@
 """Spot preemption on real worker processes: SIGKILL and SIGTERM notices, pull dispatch, resume."""
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -225,9 +226,14 @@ def test_chaos_trace_kills_real_workers_mid_run_and_the_run_equals_a_clean_one(
 
 def test_a_trace_that_removes_every_spot_worker_says_so_and_falls_back_to_random_seeds(
         tiny_run_yaml, tmp_path):
-    trace = tmp_path / "all-gone.csv"
-    trace.write_text("0,add,only\n300,remove,only\n")
+    # One node for one 5-minute tick, then none for a week, at 1 ms per trace second: the
+    # node goes 0.3 s in, and the replay that would bring it back is 10 minutes away. (A trace
+    # that ends at its last event replays at once: the node would come back every 0.3 s, and a
+    # worker that starts fast explores in that window.)
+    trace = tmp_path / "all-gone.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [1] + [0] * 2016}))
     config = load_config(tiny_run_yaml, {"injector.trace": str(trace),
+                                         "injector.time_scale": 0.001,
                                          "preemption.no_spot_wait_s": 2.0})
     events: list[tuple[str, dict]] = []
     with Session.from_config(config, store=str(tmp_path / "run"),
