@@ -32,7 +32,7 @@ lint: $(STAMP)
 
 # Lint first, then one test process: with two (pytest-xdist, -n 2 --dist loadfile) the whole
 # suite took 35 min against about 40 serial, and the SP chaos test slowed to 14 of its 15
-# allowed minutes.
+# allowed minutes (it stalled again beside a lane of process-heavy tests: docs/results.md).
 test: $(STAMP)
 	$(MAKE) lint
 	$(BIN)/python -m pytest -q --durations=40
