@@ -127,11 +127,19 @@ def _finished(driver: Driver, what: str) -> None:
         raise RuntimeError(f"{what} failed (exit {code}):\n{driver.text()}")
 
 
-def clean_run(bench: Bench) -> dict:
+def run_clean(bench: Bench) -> Driver:
+    """The run every scenario is compared with, run to its end; ``bench.clean_url`` names it."""
     url = bench.cluster.store_url("clean")
+    driver = Driver.start(bench.cluster, *bench.run_args(url))
+    _finished(driver, "the clean run")
+    bench.clean_url = url
+    return driver
+
+
+def clean_run(bench: Bench) -> dict:
     start = time.time()
-    _finished(Driver.start(bench.cluster, *bench.run_args(url)), "the clean run")
-    return {"url": url, "wall_s": time.time() - start}
+    run_clean(bench)
+    return {"url": bench.clean_url, "wall_s": time.time() - start}
 
 
 def partition(bench: Bench, host: str = "spot-1", heal_after_s: float = 45.0) -> dict:
@@ -266,11 +274,16 @@ def dual_driver(bench: Bench) -> dict:
             "first_pid": first.proc.pid, "first_undisturbed": first_undisturbed,
             "refused": _errors(second), "refused_started": "run:" in second.out.text(),
             "taker_lease": _lines(taker.err, "lease: epoch"), "first_errors": _errors(first),
-            "tracebacks": sum("Traceback" in d.err.text() for d in (first, second, taker))}
+            "tracebacks": _tracebacks(first, second, taker)}
 
 
 def _lines(timeline: Timeline, text: str) -> list[str]:
     return [line[:300] for _, line in timeline.lines if text in line]
+
+
+def _tracebacks(*drivers: Driver) -> int:
+    """How many of ``drivers`` printed a traceback (a user reads one line, not a stack)."""
+    return sum("Traceback" in driver.err.text() for driver in drivers)
 
 
 def _errors(driver: Driver) -> list[str]:
@@ -342,7 +355,7 @@ def scheduler_loss(bench: Bench) -> dict:
     return {**bench.outcome(url, killed), "detect_s": stopped - killed,
             "recover_s": None if not later else min(later) - killed, "driver_exit": code,
             "driver_error": error[-1] if error else None,
-            "tracebacks": sum("Traceback" in d.err.text() for d in (driver, resumed))}
+            "tracebacks": _tracebacks(driver, resumed)}
 
 
 SCENARIOS = {"partition": partition, "zombie": zombie, "dual_driver": dual_driver,

@@ -80,9 +80,7 @@ def bench_faults(quick: bool = False, config: str | None = None, iterations: int
                       iterations, root)
         result["config"] = str(bench.config_path)
         if set(chosen) - {"zombie"}:   # the zombie scenario has its own reference
-            clean = clean_run(bench)
-            bench.clean_url = clean["url"]
-            result["clean"] = clean
+            result["clean"] = clean_run(bench)
         for name in chosen:
             result["hosts"] = sorted(bed.hosts)
             result["wall_s"] = time.monotonic() - started

@@ -46,15 +46,11 @@ def bed_bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
 @pytest.fixture(scope="module")
 def clean(bed_bench) -> Driver:
     """The clean run every scenario is compared with, as its driver finished it."""
-    driver = Driver.start(bed_bench.cluster,
-                          *bed_bench.run_args(bed_bench.cluster.store_url("clean")))
-    assert driver.wait() == 0, driver.text()
-    return driver
+    return fault_scenarios.run_clean(bed_bench)
 
 
 @pytest.fixture(scope="module")
 def bench(bed_bench, clean) -> Bench:
-    bed_bench.clean_url = bed_bench.cluster.store_url("clean")
     return bed_bench
 
 
