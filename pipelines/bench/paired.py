@@ -25,6 +25,7 @@ import numpy as np
 
 from pipelines.bench.bench_modes import objective_settings, planned_ratio, seed_mode, session_mode
 from pipelines.cluster.connect import TaskFailedError
+from pipelines.cluster.nanny import WORKER_MODULES
 from pipelines.run.inprocess import InProcessRun
 from spotlight.config import RunConfig, config_hash
 from spotlight.evidence import crossing
@@ -206,10 +207,10 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
     comes with whole comparisons); saves each as it finishes and calls ``on_done``."""
     queue = deque(job for job in jobs if job.name not in store.loaded)
     todo, started, slots = len(queue), time.monotonic(), max(1, workers)
-    context = multiprocessing.get_context("spawn")   # no forked torch or thread state
+    context = job_context()
     # A process of its own per job: a worker reused for forty OCR jobs had grown from 2.3 to
-    # 8.8 GiB when the kernel killed it, and torch's import costs seconds against minutes of
-    # job. One single-use pool each, since a pool's max_tasks_per_child can deadlock on 3.11.
+    # 8.8 GiB when the kernel killed it. One single-use pool each, since a pool's
+    # max_tasks_per_child can deadlock on 3.11.
     running: dict = {}   # future -> (job, its pool)
     lost: tuple[Job, BaseException] | None = None   # no new job starts after a worker died
     try:
@@ -242,6 +243,20 @@ def run_jobs(plan: PairedPlan, jobs: list[Job], store: PairedStore, workers: int
             pool.shutdown()
     if lost is not None:
         raise worker_lost(lost[0], jobs, store) from lost[1]
+
+
+def job_context() -> multiprocessing.context.BaseContext:
+    """How a job's process starts: forked from one server process that imported the project
+    once (torch, diffusers and the rest cost about 5 s of a core per process), as the embedded
+    cluster's workers are. The server is a fresh interpreter that only imported modules, so no
+    thread or torch state of the bench's process is forked; ``spawn`` where there is no fork
+    server (Windows). The preload is fixed when the server starts: the workers' list, which an
+    embedded cluster started later in this process shares."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([*WORKER_MODULES, "pipelines.bench.paired"])
+    return context
 
 
 def saved_count(jobs: list[Job], store: PairedStore) -> int:

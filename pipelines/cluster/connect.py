@@ -33,6 +33,7 @@ LOOPBACK = "127.0.0.1"
 # scheduler imports it; `dask scheduler --preload` takes the same name).
 SPOTLIGHT_PAGE = "pipelines.observe.dashboard_page"
 _WAIT_POLL_S = 0.5
+_FETCH_S = 5.0   # a first fetch of finished results that takes longer is tried again
 
 
 class ClusterError(RuntimeError):
@@ -121,6 +122,24 @@ class ClusterHandle:
         except BaseException:
             self.client.cancel([f for f in pending if not f.done()])
             raise
+
+    def results(self, futures: list, resource: str, stop: threading.Event, wait_s: float,
+                what: str = "") -> list:
+        """The results of ``futures`` once every one is done, fetched in one batch. A worker
+        that dies holding a result before it is fetched makes Dask compute that task again
+        (its future goes back to pending), so a fetch is tried for a bounded time and, if a
+        future went back, waited for like any task: with :meth:`wait_for`'s stop and its
+        limit on a worker class with no worker left. (A plain gather waited for ever for a
+        result whose every worker had died.)"""
+        attempt_s = _FETCH_S
+        while True:
+            self.wait_for(futures, resource, stop, wait_s, what)
+            try:
+                return self.client.sync(lambda: self.client.gather(futures, asynchronous=True),
+                                        callback_timeout=attempt_s)
+            except TimeoutError:
+                if all(getattr(f, "status", "finished") == "finished" for f in futures):
+                    attempt_s *= 2   # every result still there, only slow to come: wait longer
 
     def client_status(self) -> str:
         """``running`` while the client has its scheduler; ``connecting``, ``closed``, ...

@@ -60,7 +60,6 @@ CHANGES_THE_RUN = ("config", "set", "mode", "store", "preempt_trace", "time_scal
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.front.console import ConsoleProgress, dashboard_line, dask_log_line
-    from pipelines.front.session import Session
 
     if args.dry_run:
         return _dry_run(args)
@@ -73,9 +72,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                              f"{', '.join(given)} would change it. Start a new run instead "
                              "(without --resume), or leave those options out; --iterations "
                              "and --scheduler are allowed with --resume")
-        session = Session.resume(args.resume, scheduler=args.scheduler, on_event=progress,
-                                 takeover=args.takeover or args.force, force=args.force,
-                                 **_store_options(args))
+        # The lease before the rest of Spotlight loads (torch and diffusers take seconds): a
+        # second driver is refused at once, and nothing else is read or started first.
+        from storage import RunStore
+        from storage.driver_lease import take_lease
+
+        store = RunStore.open(args.resume, create=False, writer=True, **_store_options(args))
+        lease = take_lease(store, takeover=args.takeover or args.force, force=args.force)
+        try:
+            from pipelines.front.session import Session
+        except BaseException:   # Ctrl-C while it loads: the next driver need not wait it out
+            lease.release()
+            raise
+        session = Session.resume(store, scheduler=args.scheduler, on_event=progress, lease=lease)
     else:
         if args.takeover or args.force:
             raise UsageError("--takeover and --force take over a stored run: use them with "
@@ -86,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.iterations is not None:
             overrides["iterations"] = args.iterations
         overrides.update(_preemption_overrides(args))
+        from pipelines.front.session import Session
+
         session = Session.from_config(config_path(args), store=args.store, overrides=overrides,
                                       mode=args.mode, on_event=progress, progress=True,
                                       store_options=_store_options(args))

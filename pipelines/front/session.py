@@ -46,7 +46,7 @@ from spotlight.models.base import check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
 from storage import RunStore, StorageError
-from storage.driver_lease import DriverLease
+from storage.driver_lease import DriverLease, take_lease
 
 CODE_VERSION = "spotlight-pipeline-1"
 
@@ -140,18 +140,25 @@ class Session:
     @classmethod
     def resume(cls, run_url: str | RunStore, client: Any = None, *, scheduler: str | None = None,
                connect_timeout_s: float | None = None, on_event: EventFn | None = None,
-               takeover: bool = False, force: bool = False, **store_options: Any) -> "Session":
+               takeover: bool = False, force: bool = False, lease: DriverLease | None = None,
+               **store_options: Any) -> "Session":
         """Reopen a run from its store and continue after its last completed stage.
 
         ``scheduler`` resumes on another cluster than the one recorded; nothing but the lease
         is written to the store before the cluster answers. The run's lease comes first: while
         another driver holds it this raises ``LeaseHeld`` at once; ``takeover`` takes an
         expired lease (its driver crashed or is cut off), ``force`` a live one too, and the
-        other driver's writes are refused from then on.
+        other driver's writes are refused from then on. ``lease``: one the caller already took
+        on ``run_url`` (a ``RunStore``) with :func:`storage.driver_lease.take_lease`, as the
+        command line does before it loads the rest of Spotlight.
         """
         store = run_url if isinstance(run_url, RunStore) else RunStore.open(
             run_url, create=False, writer=True, **store_options)
-        lease = take_lease(store, takeover=takeover, force=force)
+        if lease is None:
+            lease = take_lease(store, takeover=takeover, force=force)
+        elif store.lease is not lease:
+            raise ValueError("Session.resume(lease=...): the lease must be held by the RunStore "
+                             "given as run_url (take it with storage.driver_lease.take_lease)")
         try:
             return cls._resumed(store, client, scheduler, connect_timeout_s, on_event, lease)
         except BaseException:
@@ -321,15 +328,6 @@ def mode_values(config: RunConfig, mode: str) -> dict:
             "spot" not in config.placement.rollout:
         changes["placement.rollout"] = [*config.placement.rollout, "spot"]
     return changes
-
-
-def take_lease(store: RunStore, *, takeover: bool = False, force: bool = False) -> DriverLease:
-    """This driver's lease on ``store``, held by the store from now on (its writes are fenced
-    if another driver takes over); LeaseHeld while another driver holds it."""
-    lease = DriverLease.acquire(store.location, ttl_s=store.config.lease_ttl_s,
-                                takeover=takeover, force=force)
-    store.hold(lease)
-    return lease
 
 
 def _refuse_existing_run(url: str | RunStore) -> None:

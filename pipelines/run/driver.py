@@ -106,7 +106,13 @@ class Driver:
         self.await_futures([future], what, resource)
         if future.status == "error":
             raise task_error(future.exception(), what, resource)
-        return future.result()
+        return self.fetch([future], what, resource)[0]
+
+    def fetch(self, futures: list, what: str, resource: str = GPU) -> list:
+        """The results of finished futures in one batch; one whose worker died before it was
+        fetched is computed again and waited for, as :meth:`await_futures` waits."""
+        return self.cluster.results(futures, resource, self._stop,
+                                    self.config.cluster.worker_wait_s, what)
 
     def _restored_ledger(self) -> CostLedger:
         """The ledger of the last recorded iteration; its workers count as gone since then."""

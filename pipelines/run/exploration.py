@@ -106,7 +106,8 @@ class Exploration:
         if failed:   # an exploration bug is an error, not an unfinished candidate
             raise task_error(failed[0].exception(), f"{stage} request", GPU)
         # One batched fetch: a .result() per future is a round trip each, on the critical path.
-        finished = self.run.cluster.client.gather([f for f in work if f.status == "finished"])
+        finished = self.run.fetch([f for f in work if f.status == "finished"], f"{stage} request",
+                                  self.classes(True)[0])
         pending = [f for f in work if f.status != "finished"]
         if pending:
             self.run.cluster.client.cancel(pending)

@@ -40,11 +40,25 @@ def trainer_and_batch(objective: str = "flow-grpo"):
     return trainer, traj, adv, texts, steps
 
 
-def member(rank: int, world: int, port: int, out_dir: str, objective: str = "flow-grpo") -> None:
+def member(rank: int, world: int, port: int, out_dir: str,
+           objectives: tuple[str, ...] = ("flow-grpo",)) -> None:
+    """Each objective's step alone and as this rank's share summed over one gloo group (the
+    group is formed once: a process spawned per objective would pay its imports again)."""
     from pipelines.parallel.training import GlooPeers
-    from spotlight.rl.trainer import share_of
 
     torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
+                          timeout=timedelta(seconds=60))
+    peers = GlooPeers(dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
+                                            timedelta(seconds=60)), rank, world)
+    for objective in objectives:
+        torch.save(_summed_step(objective, peers, rank, world),
+                   f"{out_dir}/rank{rank}-{objective}.pt")
+
+
+def _summed_step(objective: str, peers, rank: int, world: int) -> dict:
+    from spotlight.rl.trainer import share_of
+
     trainer, traj, adv, texts, steps = trainer_and_batch(objective)
     idx = torch.arange(ROWS)
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -52,16 +66,12 @@ def member(rank: int, world: int, port: int, out_dir: str, objective: str = "flo
     expected = {n: p.grad.clone() for n, p in trainer.policy.named_parameters()
                 if p.grad is not None}
     trainer.optimizer.zero_grad(set_to_none=True)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
-                          timeout=timedelta(seconds=60))
-    trainer.peers = GlooPeers(dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
-                                                    timedelta(seconds=60)), rank, world)
+    trainer.peers = peers
     mine = share_of(ROWS, rank, world)
     part = trainer._backward(traj, idx[mine], adv[mine], texts[mine], steps,
                              (mine.stop - mine.start) / ROWS)
     summed = trainer._sum_over_peers(part)
     grads = {n: p.grad for n, p in trainer.policy.named_parameters() if n in expected}
-    torch.save({"grad_diff": max(float((grads[n] - expected[n]).abs().max()) for n in expected),
-                "grad_scale": max(float(g.abs().max()) for g in expected.values()),
-                "params": len(expected), "stats": summed, "alone": alone},
-               f"{out_dir}/rank{rank}.pt")
+    return {"grad_diff": max(float((grads[n] - expected[n]).abs().max()) for n in expected),
+            "grad_scale": max(float(g.abs().max()) for g in expected.values()),
+            "params": len(expected), "stats": summed, "alone": alone}

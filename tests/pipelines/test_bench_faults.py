@@ -16,9 +16,11 @@ from tests.pipelines.conftest import run_quick_bench, write_tiny_world
 
 pytestmark = pytest.mark.timeout(1800)
 
-# Requests long enough that one is under way on the host a partition cuts off.
+# Requests long enough that one is under way on the host a partition cuts off; a driver
+# that lost its scheduler stops after 8 s of it (the default, 30 s, waits out a restart).
 TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
-             "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5}
+             "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5,
+             "cluster.worker_wait_s": 8}
 
 
 def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside_repo):
@@ -105,7 +107,7 @@ def test_two_attempts_on_two_hosts_with_different_kernels_never_mix(bench):
 
 
 def test_a_store_outage_within_the_patience_costs_a_pause(bench):
-    found = fault_scenarios.store_outage(bench, outage_s=15.0)
+    found = fault_scenarios.store_outage(bench, outage_s=10.0)
     assert targets_met({"store_outage": found}) == {"store_outage": True}, found
     assert found["detect_s"] is not None and found["recover_s"] is not None, found
 

@@ -179,11 +179,14 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
         proc.wait()
     # The killed driver's lease is still live: a plain resume is refused at once, naming it;
     # the user who killed it takes over.
-    refused = subprocess.run(_spotlight_cmd("run", "--resume", str(killed)), capture_output=True,
-                             text=True, timeout=120)
+    refused = subprocess.run([sys.executable, "-c", "import sys; from spotlight import main; "
+                              "code = main(sys.argv[1:]); print('torch loaded:', 'torch' in "
+                              "sys.modules); sys.exit(code)", "run", "--resume", str(killed)],
+                             capture_output=True, text=True, timeout=120)
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert f"(pid {proc.pid}," in refused.stderr and "--takeover --force" in refused.stderr
     assert "run:" not in refused.stdout   # it stopped before starting a cluster
+    assert "torch loaded: False" in refused.stdout   # ... or loading the model code
     done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed), "--takeover", "--force"),
                           capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout + done.stderr

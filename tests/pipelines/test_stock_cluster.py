@@ -27,12 +27,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def stock_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def stock_cluster(tmp_path_factory):
     """`dask scheduler` plus `dask worker ADDR --resources X=1` (nothing else) in an empty
-    folder."""
-    folder = tmp_path / "cluster-cwd"
-    folder.mkdir()
+    folder, shared by the module's tests: the one that kills every worker comes last."""
+    folder = tmp_path_factory.mktemp("cluster-cwd")
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
