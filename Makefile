@@ -30,12 +30,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)
 
-# Lint first, then one test process: with two (pytest-xdist, -n 2 --dist loadfile) the whole
-# suite took 35 min against about 40 serial, and the SP chaos test slowed to 14 of its 15
-# allowed minutes (it stalled again beside a lane of process-heavy tests: docs/results.md).
+# Lint first, then the tests (tests/lanes.py): two pytest processes at once -- the fault bed's
+# module, mostly waiting on leases and timeouts, beside the rest -- then the SP tests alone.
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python tests/lanes.py --durations=40
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 
 def cache_dir() -> Path:
@@ -14,3 +16,17 @@ def cache_dir() -> Path:
         path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spotlight"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_atomically(target: Path, write: Callable[[str], object]) -> None:
+    """``write(tmp)`` into a temporary file beside ``target``, then rename it over ``target``: a
+    concurrent reader never sees half a file, and processes that make the same cache entry at
+    once (two test or bench processes, say) never write into each other's file."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .conditional import WriteConflict, create_exclusive, read_versioned, replace_if
 from .errors import DriverFenced, StorageError
@@ -21,9 +21,6 @@ from .lease import acquire as acquired_lease
 from .lease import release as released_lease
 from .lease import renew as renewed_lease
 from .urls import RunLocation
-
-if TYPE_CHECKING:
-    from .run import RunStore
 
 log = logging.getLogger(__name__)
 _RACES = 5   # drivers acquiring at the same instant: re-read and decide again this often
@@ -197,12 +194,3 @@ def _taken_by(current: Lease | None, epoch: int) -> str:
     return (f"the driver on host {current.holder.host} (pid {current.holder.pid}) took it over "
             f"at epoch {current.epoch}")
 
-
-def take_lease(store: RunStore, *, takeover: bool = False,
-               force: bool = False) -> DriverLease:
-    """This driver's lease on ``store``, held by the store from now on (its writes are fenced
-    if another driver takes over); LeaseHeld while another driver holds it."""
-    lease = DriverLease.acquire(store.location, ttl_s=store.config.lease_ttl_s,
-                                takeover=takeover, force=force)
-    store.hold(lease)
-    return lease

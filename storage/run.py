@@ -33,6 +33,14 @@ class RunStore:
         self.prompts = PromptEmbeddings(location)
         self.lease: DriverLease | None = None
 
+    def take_lease(self, *, takeover: bool = False, force: bool = False) -> DriverLease:
+        """Acquire the run's lease (``LeaseHeld`` while another driver holds it; ``takeover``
+        takes an expired one, ``force`` a live one too) and :meth:`hold` it."""
+        lease = DriverLease.acquire(self.location, ttl_s=self.config.lease_ttl_s,
+                                    takeover=takeover, force=force)
+        self.hold(lease)
+        return lease
+
     def hold(self, lease: DriverLease) -> None:
         """Write as the holder of ``lease`` from now on: the manifest stamps and checks its
         epoch, and every run-state write first checks that the lease is still ours, so after

@@ -72,19 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                              f"{', '.join(given)} would change it. Start a new run instead "
                              "(without --resume), or leave those options out; --iterations "
                              "and --scheduler are allowed with --resume")
-        # The lease before the rest of Spotlight loads (torch and diffusers take seconds): a
-        # second driver is refused at once, and nothing else is read or started first.
-        from storage import RunStore
-        from storage.driver_lease import take_lease
-
-        store = RunStore.open(args.resume, create=False, writer=True, **_store_options(args))
-        lease = take_lease(store, takeover=args.takeover or args.force, force=args.force)
-        try:
-            from pipelines.front.session import Session
-        except BaseException:   # Ctrl-C while it loads: the next driver need not wait it out
-            lease.release()
-            raise
-        session = Session.resume(store, scheduler=args.scheduler, on_event=progress, lease=lease)
+        session = _resumed(args, progress)
     else:
         if args.takeover or args.force:
             raise UsageError("--takeover and --force take over a stored run: use them with "
@@ -123,6 +111,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"cost ${last['cost_total_usd']:.4f}; audit with: "
                   f"spotlight audit {session.url}")
     return 0
+
+
+def _resumed(args: argparse.Namespace, progress):
+    """The session of ``--resume``, its lease taken before the rest of Spotlight loads (torch
+    and diffusers take seconds): a second driver is refused at once, having started nothing."""
+    from storage import RunStore
+
+    store = RunStore.open(args.resume, create=False, writer=True, **_store_options(args))
+    lease = store.take_lease(takeover=args.takeover or args.force, force=args.force)
+    try:
+        from pipelines.front.session import Session
+    except BaseException:   # Ctrl-C while it loads: the next driver need not wait it out
+        lease.release()
+        raise
+    return Session.resume(store, scheduler=args.scheduler, on_event=progress, lease=lease)
 
 
 def _time_scale(text: str) -> float:

@@ -46,7 +46,7 @@ from spotlight.models.base import check_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.modes import MODE_NAMES, MODES, mode_of
 from storage import RunStore, StorageError
-from storage.driver_lease import DriverLease, take_lease
+from storage.driver_lease import DriverLease
 
 CODE_VERSION = "spotlight-pipeline-1"
 
@@ -122,7 +122,7 @@ class Session:
             base = prepared_base(config, progress=progress)
             run_store = url if isinstance(url, RunStore) else \
                 RunStore.open(url, writer=True, **(store_options or {}))
-            lease = take_lease(run_store)
+            lease = run_store.take_lease()
             run_store.record_run(config=config.to_dict(), code_version=CODE_VERSION, mode=mode,
                                  source=config.source)
             if run_store.latest_checkpoint() is None:
@@ -149,16 +149,16 @@ class Session:
         another driver holds it this raises ``LeaseHeld`` at once; ``takeover`` takes an
         expired lease (its driver crashed or is cut off), ``force`` a live one too, and the
         other driver's writes are refused from then on. ``lease``: one the caller already took
-        on ``run_url`` (a ``RunStore``) with :func:`storage.driver_lease.take_lease`, as the
+        on ``run_url`` (a ``RunStore``) with :meth:`RunStore.take_lease`, as the
         command line does before it loads the rest of Spotlight.
         """
         store = run_url if isinstance(run_url, RunStore) else RunStore.open(
             run_url, create=False, writer=True, **store_options)
         if lease is None:
-            lease = take_lease(store, takeover=takeover, force=force)
+            lease = store.take_lease(takeover=takeover, force=force)
         elif store.lease is not lease:
             raise ValueError("Session.resume(lease=...): the lease must be held by the RunStore "
-                             "given as run_url (take it with storage.driver_lease.take_lease)")
+                             "given as run_url (take it with RunStore.take_lease)")
         try:
             return cls._resumed(store, client, scheduler, connect_timeout_s, on_event, lease)
         except BaseException:

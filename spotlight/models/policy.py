@@ -17,6 +17,7 @@ from diffusers import QwenImageTransformer2DModel
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from spotlight.cache import write_atomically
 from spotlight.config import ModelConfig
 from spotlight.models.base import register_decoder, register_policy
 from spotlight.models.text_encoder import PromptEncoder
@@ -142,12 +143,12 @@ class DigitsPolicy(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        tmp = directory / "model.safetensors.tmp"
-        save_file(state, str(tmp))
         meta = {"model": dataclasses.asdict(self.config), "height": self.height,
                 "width": self.width, **(extra or {})}
-        (directory / "policy.json").write_text(json.dumps(meta, indent=2))
-        tmp.replace(directory / "model.safetensors")  # the weights file appears only when whole
+        write_atomically(directory / "policy.json",
+                         lambda f: Path(f).write_text(json.dumps(meta, indent=2)))
+        # the weights file appears only when whole
+        write_atomically(directory / "model.safetensors", lambda f: save_file(state, f))
         return directory
 
     @classmethod

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from spotlight.cache import cache_dir
+from spotlight.cache import cache_dir, write_atomically
 from spotlight.config import RunConfig, config_hash
 from spotlight.models.base import register_base
 from spotlight.models.policy import DigitsPolicy, pack
@@ -111,7 +111,8 @@ def pretrain(config: RunConfig, *, force: bool = False, progress: bool = True) -
     ema.save(directory)
     meta = {"steps": step, "wall_s": wall, "final_loss": final_loss, "config": config.to_dict(),
             "loss_curve": [float(np.mean(losses[i:i + 50])) for i in range(0, len(losses), 50)]}
-    (directory / "pretrain.json").write_text(json.dumps(meta, indent=2))
+    write_atomically(directory / "pretrain.json",   # the commit: written last, whole
+                     lambda f: Path(f).write_text(json.dumps(meta, indent=2)))
     return PretrainResult(directory, step, wall, final_loss, False)
 
 

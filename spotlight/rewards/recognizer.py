@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from spotlight.cache import cache_dir
+from spotlight.cache import cache_dir, write_atomically
 from spotlight.config import RewardConfig, config_hash
 from spotlight.models.prompts import PALETTE
 from spotlight.models.world import DIGIT, digit_images
@@ -274,15 +272,6 @@ def _save(path: Path, model: DigitNet, meta: dict) -> None:
     """Write weights, then metadata, each by atomic rename: a concurrent reader never sees half a
     file, and the metadata (which ``_load`` requires) appears only after the weights are whole."""
     path.mkdir(parents=True, exist_ok=True)
-    for name, write in (("weights.safetensors",
-                         lambda f: save_file({k: v.contiguous() for k, v in
-                                              model.state_dict().items()}, f)),
-                        ("meta.json", lambda f: Path(f).write_text(json.dumps(meta, indent=2)))):
-        fd, tmp = tempfile.mkstemp(dir=path, suffix=".tmp")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, path / name)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    write_atomically(path / "weights.safetensors", lambda f: save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, f))
+    write_atomically(path / "meta.json", lambda f: Path(f).write_text(json.dumps(meta, indent=2)))

@@ -99,7 +99,7 @@ def test_a_scheduler_address_that_is_an_http_server_fails_in_time(workdir, http_
     before = _files(workdir)
     done = subprocess.run([sys.executable, "-m", "pipelines.front.cli", "run", "--config",
                            "tiny.yaml", "--scheduler", http_server, "--set",
-                           "cluster.connect_timeout_s=8"],
+                           "cluster.connect_timeout_s=3"],
                           capture_output=True, text=True, timeout=110, cwd=workdir)
     assert done.returncode == 4, done.stderr
     assert "Traceback" not in done.stderr

@@ -157,10 +157,13 @@ def test_an_embedded_run_listens_on_loopback_only(tiny_run_config, tmp_path):
 
     seen: set[tuple[str, int]] = set()
     stop = threading.Event()
+    # Only what the run starts: this process and its new children (not the module's shared
+    # stock scheduler, whose HTTP server listens on every interface by Dask's default).
+    others = {p.pid for p in _tree(os.getpid())} - {os.getpid()}
 
     def sample(root: int) -> None:
         while not stop.wait(0.2):
-            pids = {p.pid for p in _tree(root)}
+            pids = {p.pid for p in _tree(root)} - others
             for conn in psutil.net_connections(kind="inet"):
                 if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
                     seen.add((conn.laddr.ip, conn.laddr.port))
