@@ -30,11 +30,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)
 
-# Lint first, then the tests (tests/lanes.py): two pytest processes at once -- the fault bed's
-# module, mostly waiting on leases and timeouts, beside the rest -- then the SP tests alone.
+# Lint first, then one test process: beside a second one (two pytest processes, or
+# pytest-xdist) the SP tests' elastic groups stalled for minutes (docs/results.md).
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python tests/lanes.py --durations=40
+	$(BIN)/python -m pytest -q --durations=40
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.
