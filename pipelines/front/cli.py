@@ -125,7 +125,7 @@ def _resumed(args: argparse.Namespace, progress):
     except BaseException:   # Ctrl-C while it loads: the next driver need not wait it out
         lease.release()
         raise
-    return Session.resume(store, scheduler=args.scheduler, on_event=progress, lease=lease)
+    return Session.resume(store, scheduler=args.scheduler, on_event=progress)
 
 
 def _time_scale(text: str) -> float:

@@ -140,25 +140,20 @@ class Session:
     @classmethod
     def resume(cls, run_url: str | RunStore, client: Any = None, *, scheduler: str | None = None,
                connect_timeout_s: float | None = None, on_event: EventFn | None = None,
-               takeover: bool = False, force: bool = False, lease: DriverLease | None = None,
-               **store_options: Any) -> "Session":
+               takeover: bool = False, force: bool = False, **store_options: Any) -> "Session":
         """Reopen a run from its store and continue after its last completed stage.
 
         ``scheduler`` resumes on another cluster than the one recorded; nothing but the lease
         is written to the store before the cluster answers. The run's lease comes first: while
         another driver holds it this raises ``LeaseHeld`` at once; ``takeover`` takes an
         expired lease (its driver crashed or is cut off), ``force`` a live one too, and the
-        other driver's writes are refused from then on. ``lease``: one the caller already took
-        on ``run_url`` (a ``RunStore``) with :meth:`RunStore.take_lease`, as the
-        command line does before it loads the rest of Spotlight.
+        other driver's writes are refused from then on. A ``RunStore`` that already holds the
+        lease (:meth:`RunStore.take_lease`, as the command line takes it before it loads the
+        rest of Spotlight) keeps it.
         """
         store = run_url if isinstance(run_url, RunStore) else RunStore.open(
             run_url, create=False, writer=True, **store_options)
-        if lease is None:
-            lease = store.take_lease(takeover=takeover, force=force)
-        elif store.lease is not lease:
-            raise ValueError("Session.resume(lease=...): the lease must be held by the RunStore "
-                             "given as run_url (take it with RunStore.take_lease)")
+        lease = store.lease or store.take_lease(takeover=takeover, force=force)
         try:
             return cls._resumed(store, client, scheduler, connect_timeout_s, on_event, lease)
         except BaseException:
