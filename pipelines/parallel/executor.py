@@ -21,9 +21,11 @@ transformer, :mod:`pipelines.bench.sp`).
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -155,14 +157,22 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
 
 
 def leave(abort: bool = False) -> None:
-    """Leave the current group, if any (its communicator is dropped, the model kept). With
-    ``abort`` (this member failed mid-collective) its connections are closed at once, so a peer
-    blocked on it fails too instead of waiting :data:`STEP_TIMEOUT`."""
+    """Leave the current group, if any (its communicator is dropped, the model kept), closing
+    its connections at once: a peer blocked on this member fails too instead of waiting
+    :data:`STEP_TIMEOUT`. ``abort``: this member failed mid-collective.
+
+    A gloo group's connections close when its process-group object is freed, not when it is
+    aborted or destroyed (torch 2.13), and some references to it are cyclic: so the model's
+    attention processors let go of it, and a collection frees it now rather than whenever the
+    collector next runs (a peer hung for minutes, or not, depending on that)."""
     st = state()
     if dist.is_initialized():
-        if abort:
+        if abort:   # what frees a NCCL communicator's peers
             _abort(dist.distributed_c10d._get_default_group())
+        if st.model is not None and not st.run:
+            ulysses.disable(st.model)
         dist.destroy_process_group()
+        gc.collect()
     st.epoch = None
 
 
@@ -229,7 +239,10 @@ def breaks_on_error():
     on it, fail too and the group is re-formed (a timeout would hold them for minutes)."""
     try:
         yield
-    except BaseException:
+    except BaseException as error:
+        # The error's frames hold the group (a collective's argument), and Dask keeps the error
+        # for the task: their locals go first, or the group would outlive leave().
+        traceback.clear_frames(error.__traceback__)
         leave(abort=True)
         raise
 

@@ -86,3 +86,20 @@ def late_member(rank: int, port: int, out_dir: str) -> None:
     total = torch.ones(1)
     dist.all_reduce(total)
     torch.save(float(total.item()), f"{out_dir}/late{rank}.pt")
+
+
+def fails_alone_or_waits(epoch: int, failing_rank: int, step_timeout_s: float) -> None:
+    """A request on a formed group (:mod:`pipelines.parallel.executor`) in which one member
+    fails on its own -- a bug, an out-of-memory on its device -- while the others wait for it
+    in a collective. The wait is bounded by ``step_timeout_s``, so a peer left hanging shows
+    as a timeout error instead of the lost connection."""
+    from datetime import timedelta
+
+    from pipelines.parallel import executor
+
+    executor.check_epoch(epoch)
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=step_timeout_s))
+    with executor.breaks_on_error():
+        if dist.get_rank() == failing_rank:
+            raise RuntimeError("this member's own failure")
+        dist.broadcast(torch.zeros(1), src=failing_rank)

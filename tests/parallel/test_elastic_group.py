@@ -89,6 +89,38 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     assert store.resume_point("sp", "r0").step == STEPS
 
 
+def test_a_member_failing_on_its_own_releases_its_peer_waiting_in_a_collective(tmp_path):
+    """A member whose request fails by itself (its peer alive, waiting for it in a collective)
+    leaves the group closing its connections: the peer's collective fails with the connection,
+    not after the step timeout. (Gloo closes a group's connections when the group object is
+    freed; the model's attention processors and the error's frames held it, and a peer waited
+    for the full timeout -- the suite's SP tests stalled for minutes when the collector ran
+    late.)"""
+    from distributed import Client, LocalCluster
+
+    from storage import RunStore
+    from tests.parallel.sp_worker import fails_alone_or_waits
+
+    torch.manual_seed(0)
+    model = build_transformer(SPEC)
+    url = f"file://{tmp_path}/run"
+    RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        sp = SPGroups(client, SPEC, url, 0, (2,))
+        (pair,) = sp.add(live_workers(client))
+        futures = sp.submit(pair, fails_alone_or_waits, 0, 120.0)
+        with pytest.raises(RuntimeError, match="this member's own failure"):
+            futures[0].result(timeout=180)
+        with pytest.raises(RuntimeError, match="Connection closed|Connection reset") as waited:
+            futures[1].result(timeout=180)
+        assert "Timed out" not in str(waited.value)
+        # Both still hold the weights: the driver finds nobody to copy to, and (the request
+        # being broken, not the group) serving would stop naming it (GroupServer).
+        assert not sp.recheck(pair)
+
+
 def test_a_peer_late_to_a_collective_is_waited_for_not_dropped(tmp_path):
     """Joining times out fast (a member that died before joining must not hold the others);
     a joined peer that is only busy -- here 4 s past the 2 s join timeout -- is waited for."""
