@@ -30,11 +30,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)
 
-# Lint first, then one test process: beside a second one (two pytest processes, or
-# pytest-xdist) the SP tests' elastic groups stalled for minutes (docs/results.md).
+# Lint first, then the tests in two pytest processes at once (tests/lanes.py): run one after
+# another they keep about one core of two busy, much of their time waiting on leases, heals and
+# starting processes.
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python tests/lanes.py --durations=30
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.
