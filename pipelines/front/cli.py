@@ -152,64 +152,36 @@ def _preemption_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipelines.bench import BENCHES, load_benches, write_result
+    from pipelines.bench.registry import OPTIONS, SPECS, load_bench, write_result
 
-    load_benches()
-    if args.name not in BENCHES:
-        print(f"error: unknown benchmark {args.name!r}; choose one of {sorted(BENCHES)}",
-              file=sys.stderr)
-        return 2
-    options = {"quick": args.quick, "task": args.task, "config": args.config,
-               "json_path": args.json}
-    if args.time_budget is not None:
-        options["time_budget_s"] = args.time_budget
-    if args.target is not None:
-        options["target"] = args.target
-    if args.seeds is not None:
-        options["seeds"] = args.seeds
-    for name in ("iterations", "workers", "budget"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    given = [flag for flag, value in (("--resume", args.resume), ("--modes", args.modes),
-                                      ("--product", args.product)) if value]
-    if given and args.name != "convergence":
-        print(f"error: {given[0]} applies to 'bench convergence' only", file=sys.stderr)
-        return 2
-    if args.resume:
-        options["resume"] = True
-    if args.product is not None:
-        options["product"] = args.product
-    if args.trace is not None:
-        options["trace"] = args.trace
-    if args.rounds is not None:
-        options["rounds"] = args.rounds
-    if args.time_scale is not None:
-        options["time_scale"] = args.time_scale
-    if args.scenarios is not None:
-        if args.name not in ("preemption", "faults"):
-            print("error: --scenarios applies to 'bench preemption' and 'bench faults' only",
-                  file=sys.stderr)
-            return 2
-        options["scenarios"] = [name.strip() for name in args.scenarios.split(",") if name.strip()]
-    if args.set and args.name not in ("arms", "convergence", "faults", "overhead",
-                                      "preemption", "simulate"):
-        print("error: --set applies to 'bench arms', 'convergence', 'faults', 'overhead', "
-              "'preemption' and 'simulate'; the other benchmarks measure their documented "
-              "settings",
-              file=sys.stderr)
-        return 2
-    if args.run:
-        if args.name != "simulate":
-            print("error: --run applies to 'bench simulate' only", file=sys.stderr)
-            return 2
-        options["runs"] = list(args.run)
-    if args.set or args.modes:   # bench arms and convergence take overrides
-        options["overrides"] = dict(parse_override(item) for item in (args.set or []))
-        if args.modes:
-            options["modes"] = [m.strip() for m in args.modes.split(",") if m.strip()]
-    result = BENCHES[args.name](**options)
+    spec = SPECS[args.name]
+    # argparse names each option's attribute after its flag
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in OPTIONS}
+    given = {flag: value for flag, value in values.items() if value not in (None, False)}
+    for flag in given:   # before the bench's imports: a refusal takes no time
+        if flag not in spec.options:
+            takers = [name for name, other in SPECS.items() if flag in other.options]
+            raise UsageError(f"{flag} applies to {_bench_list(takers)} only; 'bench "
+                             f"{args.name}' takes {', '.join(spec.options) or 'no options'} "
+                             "besides --quick and --json")
+    options = {"quick": args.quick, "json_path": args.json}
+    for flag, value in given.items():
+        if flag == "--set":
+            value = dict(parse_override(item) for item in value)
+        elif flag in ("--modes", "--scenarios"):
+            value = [name.strip() for name in value.split(",") if name.strip()]
+        elif flag == "--run":
+            value = list(value)
+        options[OPTIONS[flag]] = value
+    result = load_bench(args.name)(**options)
     print(write_result(result, args.json))
     return 0
+
+
+def _bench_list(names: list[str]) -> str:
+    quoted = [f"'bench {names[0]}'"] + [f"'{name}'" for name in names[1:]]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -316,57 +288,59 @@ def _add_run(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="benchmark name, e.g. learning")
+    from pipelines.bench.registry import SPECS
+
+    p.description = "Benchmarks:\n" + "\n".join(
+        f"  {name:14} {spec.answers}" for name, spec in SPECS.items())
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("name", choices=list(SPECS), metavar="NAME",
+                   help=f"the benchmark: {', '.join(SPECS)}")
     p.add_argument("--json", metavar="PATH", help="write the result object here")
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke check)")
-    p.add_argument("--task", default="ocr", help="task family: ocr or geneval")
-    p.add_argument("--config", default=None, help="config YAML (default: the task's)")
-    p.add_argument("--time-budget", type=float, default=None, help="wall budget in seconds")
-    p.add_argument("--target", type=float, default=None,
-                   help="convergence: target validation reward (default: the base's + 0.02 "
-                        "on OCR, + 0.05 on GenEval)")
-    p.add_argument("--seeds", type=int, default=None, metavar="K",
-                   help="convergence: paired run seeds per mode (default 8); medians with "
-                        "90%% bootstrap intervals")
-    p.add_argument("--iterations", type=int, default=None, metavar="N",
-                   help="convergence, learning, overhead: iterations per run (fixed, whatever "
-                        "the machine's speed)")
-    p.add_argument("--budget", type=int, default=None, metavar="B",
-                   help="convergence: the fixed iteration budget the area under the curve and "
-                        "the value at the budget are read at; a run stops once it has run B "
-                        "and reached the target (default 10; --iterations caps the rest)")
-    p.add_argument("--workers", type=int, default=None, metavar="W",
-                   help="convergence: harness runs at a time (default: 2, one core each)")
-    p.add_argument("--resume", action="store_true",
-                   help="convergence: continue a cut-off bench from the runs saved beside "
-                        "--json (PATH.parts/)")
-    p.add_argument("--modes", default=None, metavar="M1,M2",
-                   help="convergence: the modes to run, of vanilla,sync,stale,spotlight,rlboost "
-                        "and spotlight-xR (the planner on R times the spot capacity; default: "
-                        "vanilla,sync,stale,spotlight), each also behind an objective: "
-                        "nft-MODE (DiffusionNFT's forward-process objective), reuse-MODE "
-                        "(nft trained on the explored samples, no rollout), fast-MODE "
-                        "(Flow-GRPO with a two-step SDE window)")
-    p.add_argument("--product", default=None, metavar="MODE",
-                   help="convergence: the mode the headline speedup_vs_vanilla reports "
-                        "(default: spotlight)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="convergence: override a config value for every mode (repeatable)")
-    p.add_argument("--rounds", type=int, default=None, metavar="R",
-                   help="overhead: rounds of runs, each order reversed from the last (default 3)")
-    p.add_argument("--trace", default=None, metavar="PATH",
-                   help="preemption, simulate: spot trace to replay (default: the shipped g4dn "
-                        "events)")
-    p.add_argument("--run", action="append", metavar="URL",
-                   help="simulate: validate against this measured run (repeatable; default: "
-                        "run the digits world on the embedded cluster first)")
-    p.add_argument("--time-scale", type=_time_scale, default=None, metavar="X",
-                   help="preemption: wall seconds per trace second (default: drops about "
-                        "8 s apart)")
-    p.add_argument("--scenarios", default=None, metavar="S1,S2",
-                   help="preemption: the scenarios to run, of main (clean and chaos), balance "
-                        "and sp (default: all; --quick: main); faults: of partition, zombie, "
-                        "dual_driver, store_outage, driver_loss, scheduler_loss (default: all)")
+
+    def option(flag: str, help_text: str, **kwargs) -> None:
+        takers = [name for name, spec in SPECS.items() if flag in spec.options]
+        p.add_argument(flag, help=f"{help_text} [{', '.join(takers)}]", **kwargs)
+
+    option("--task", "task family: ocr or geneval (default ocr)", choices=("ocr", "geneval"))
+    option("--config", "config YAML (default: the task's, or the bench's own)")
+    option("--iterations", "iterations per run (fixed, whatever the machine's speed)", type=int,
+           metavar="N")
+    option("--seeds", "paired run seeds per mode (default 8); medians with 90%% bootstrap "
+                      "intervals", type=int, metavar="K")
+    option("--target", "target validation reward (default: the base's + 0.02 on OCR, + 0.05 "
+                       "on GenEval)", type=float)
+    option("--budget", "the fixed iteration budget the area under the curve and the value at "
+                       "the budget are read at; a run stops once it has run B and reached the "
+                       "target (default 10; --iterations caps the rest)", type=int, metavar="B")
+    option("--workers", "harness runs at a time (default: 2, one core each)", type=int,
+           metavar="W")
+    option("--resume", "continue a cut-off bench from the runs saved beside --json "
+                       "(PATH.parts/)", action="store_true")
+    option("--modes", "the modes to run, of vanilla, sync, stale, spotlight, rlboost and "
+                      "spotlight-xR (the planner on R times the spot capacity; default: "
+                      "vanilla,sync,stale,spotlight), each also behind an objective: nft-MODE "
+                      "(DiffusionNFT's forward-process objective), reuse-MODE (nft trained on "
+                      "the explored samples, no rollout), fast-MODE (Flow-GRPO with a two-step "
+                      "SDE window)", metavar="M1,M2")
+    option("--product", "the mode the headline speedup_vs_vanilla reports (default: "
+                        "spotlight)", metavar="MODE")
+    option("--set", "override a config value (repeatable)", action="append",
+           metavar="KEY=VALUE")
+    option("--rounds", "rounds (overhead: of runs, each order reversed from the last, default "
+                       "3; stock-workers: alternating rounds; sp: regroups measured, default 5)",
+           type=int, metavar="R")
+    option("--devices", "persistent executors (worker processes) to group, at least 4 "
+                        "(default 4)", type=int, metavar="D")
+    option("--trace", "spot trace to replay (default: the shipped g4dn events)", metavar="PATH")
+    option("--run", "validate against this measured run (repeatable; default: run the digits "
+                    "world on the embedded cluster first)", action="append", metavar="URL")
+    option("--time-scale", "wall seconds per trace second (default: drops about 8 s apart)",
+           type=_time_scale, metavar="X")
+    option("--scenarios", "the scenarios to run -- preemption: of main (clean and chaos), "
+                          "balance and sp (default: all; --quick: main); faults: of partition, "
+                          "zombie, dual_driver, store_outage, driver_loss, scheduler_loss "
+                          "(default: all)", metavar="S1,S2")
     p.set_defaults(func=cmd_bench)
 
 

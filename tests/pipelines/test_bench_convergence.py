@@ -31,8 +31,8 @@ def test_set_and_modes_are_refused_for_other_benchmarks(capsys):
     from spotlight import main
 
     assert main(["bench", "storage", "--set", "grpo.lr=1e-4"]) == 2
-    assert "--set applies to 'bench arms', 'convergence', 'faults', 'overhead', 'preemption' " \
-        "and 'simulate'" in capsys.readouterr().err
+    assert "--set applies to 'bench convergence', 'arms', 'overhead', 'preemption', 'faults' " \
+        "and 'simulate' only" in capsys.readouterr().err
     assert main(["bench", "overhead", "--modes", "sync"]) == 2
     assert "--modes applies to 'bench convergence' only" in capsys.readouterr().err
 
