@@ -23,18 +23,19 @@ RUN apt-get update \
 RUN pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL"
 
 WORKDIR /opt/spotlight
-COPY pyproject.toml ./
+COPY pyproject.toml LICENSE ./
 COPY spotlight ./spotlight
 COPY pipelines ./pipelines
 COPY storage ./storage
 COPY configs ./configs
-# A regular install (a spill folder of Dask's cannot shadow its packages). An installed
-# copy's PROJECT_ROOT, where a config's default files resolve, is site-packages itself: the
-# shipped configs are linked there (asked from /, where the sources are not importable).
+# A regular install (a spill folder of Dask's cannot shadow its packages); the shipped configs
+# go with it, under the environment's share/spotlight-dit/ (checked from /, where the sources
+# are not importable).
 RUN pip install . && cd / \
-    && ln -s /opt/spotlight/configs \
-        "$(python -c 'from spotlight.config import PROJECT_ROOT; print(PROJECT_ROOT)')/configs" \
-    && python -c "import spotlight, storage, pipelines.cluster.cloud_class, pipelines.run.tasks"
+    && python -c "import spotlight, storage, pipelines.cluster.cloud_class, pipelines.run.tasks" \
+    && python -c "from pipelines.front.cli import config_path; \
+from spotlight.config import load_config; import argparse; \
+load_config(config_path(argparse.Namespace(config=None)))"
 
 RUN useradd --create-home --uid 1000 spotlight
 USER spotlight

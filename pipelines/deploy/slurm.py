@@ -5,8 +5,8 @@ preemptible one. Each is a job array (one worker per array task) of stock ``dask
 processes that join a scheduler you start yourself, with the class in ``--resources``. A spot
 job is requeued when preempted, so the pool refills when capacity returns; SLURM's SIGTERM
 before the kill reaches the worker itself (no nanny), whose preemption watch hands its
-requests back. dask-jobqueue (``pip install 'spotlight[deploy]'``) only formats the script here:
-no scheduler starts and nothing is submitted.
+requests back. dask-jobqueue (``pip install -e '.[deploy]'`` in the checkout) only formats the
+script here: no scheduler starts and nothing is submitted.
 """
 from __future__ import annotations
 
@@ -91,11 +91,11 @@ def _directives(opts: SlurmOptions, worker_class: str) -> list[str]:
 
 def job_script(opts: SlurmOptions, worker_class: str) -> str:
     """The sbatch script of one worker class (dask-jobqueue formats it; nothing starts)."""
-    try:   # the optional extra spotlight[deploy]
+    try:   # the optional extra [deploy]
         from dask_jobqueue.slurm import SLURMJob
     except ImportError:
-        raise ValueError("`spotlight deploy slurm` needs dask-jobqueue: pip install "
-                         "'spotlight[deploy]'") from None
+        raise ValueError("`spotlight deploy slurm` needs dask-jobqueue: pip install -e "
+                         "'.[deploy]' in the Spotlight checkout") from None
     threads = str(opts.threads)
     prologue = [f"export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads}", *opts.prologue]
     extra = ["--resources", f"{worker_class}=1"]

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -55,8 +56,21 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "parse_override", "config_
            "PreemptionConfig", "PretrainConfig", "RewardConfig",
            "SamplerConfig", "TLSConfig", "TrackingConfig", "ValidationConfig", "WorldConfig"]
 
-# Defaults name files of this repository; they resolve against its root, not the working folder.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DISTRIBUTION = "spotlight-dit"   # pyproject.toml's name
+
+
+def shipped_root(package_file: str = __file__, prefix: str = sys.prefix) -> Path:
+    """The folder holding the shipped ``configs/`` (prompt files, traces, prices): the checkout
+    the package runs from (an editable install), else where ``pip install`` put them (data files
+    under the environment's prefix, ``share/spotlight-dit/``)."""
+    checkout = Path(package_file).resolve().parents[2]
+    if (checkout / "configs").is_dir():
+        return checkout
+    return Path(prefix) / "share" / DISTRIBUTION
+
+
+# Defaults name shipped files; they resolve against this root, not the working folder.
+PROJECT_ROOT = shipped_root()
 
 
 def shipped_config(name: str) -> str:

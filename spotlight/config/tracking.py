@@ -1,8 +1,8 @@
 """Experiment tracking: which trackers a run writes its curves to, and where their files go.
 
 TensorBoard is always available (``tensorboardX`` is a dependency); Weights & Biases, MLflow
-and trackio come with ``pip install 'spotlight[tracking]'``. Every tracker works offline by
-default, so a run on a cluster without internet access still keeps its curves.
+and trackio come with ``pip install -e '.[tracking]'`` in the checkout. Every tracker works
+offline by default, so a run on a cluster without internet access still keeps its curves.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from spotlight.config.base import ConfigError, Validated, nearest, spec
 # Tracker name -> (module it imports, pip package that provides it).
 TRACKERS = {"tensorboard": ("tensorboardX", "tensorboardX"), "wandb": ("wandb", "wandb"),
             "mlflow": ("mlflow", "mlflow-skinny"), "trackio": ("trackio", "trackio")}
-EXTRA = "pip install 'spotlight[tracking]'"
+# The trackers' extra, installed from the checkout (the distribution is spotlight-dit).
+EXTRA = "pip install -e '.[tracking]' in the Spotlight checkout"
 TRACKIO_REMOTE = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")   # trackio's own remote settings
 
 

@@ -346,7 +346,8 @@ def test_a_tracker_whose_package_is_missing_is_a_config_error_naming_the_extra(m
     monkeypatch.setitem(tracking_config.TRACKERS, "wandb", ("spotlight_no_such_tracker", "wandb"))
     with pytest.raises(ConfigError, match=r"tracking.backends names 'wandb', but its package "
                                           r"'wandb' is not installed; install the trackers with "
-                                          r"pip install 'spotlight\[tracking\]'"):
+                                          r"pip install -e '.\[tracking\]' in the Spotlight "
+                                          r"checkout"):
         load_config(Path(__file__).parents[2] / "configs" / "digits.yaml",
                     {"tracking.backends": ["tensorboard", "wandb"]})
 
