@@ -22,6 +22,7 @@ from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.bench.simulate_plot import plot_sweeps, plot_timelines
 from pipelines.front.session import Session
 from spotlight.config import from_stored, load_config, shipped_config
+from spotlight.iteration import explore_window
 from spotlight.sim.config import CLOUDS, load_sim_config
 from spotlight.sim.replay import RecordedIteration, validate_replay
 from spotlight.sim.report import implied_ratio, paper_config, simulate
@@ -68,7 +69,8 @@ def recorded_run(url: str) -> tuple[list[RecordedIteration], dict]:
     facts = {"url": url, "mode": info.get("mode", config.mode),
              "gpu_workers": config.cluster.gpu_workers,
              "spot_workers": config.cluster.spot_workers,
-             "window": config.exploration.window, "deadline": config.exploration.deadline}
+             "window": explore_window(config, info.get("mode", config.mode)),
+             "deadline": config.exploration.deadline}
     return iterations, facts
 
 

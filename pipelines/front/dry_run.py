@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from spotlight.config import RunConfig
 from spotlight.cost import run_prices
+from spotlight.iteration import explore_window
 from spotlight.models.base import model_size
 from spotlight.sizing import (
     GPU_MEMORY_GIB,
@@ -44,7 +45,7 @@ def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
     if not planner.enabled:
         return None, "planner off: exploration.candidates every iteration"
     window = by_stage["train"].seconds + (by_stage["rollout"].seconds
-                                          if config.exploration.window == "iteration" else 0.0)
+                                          if explore_window(config) == "iteration" else 0.0)
     budget = planner.budget_fraction * window
     arms = [(n, m or sampler.num_steps) for n in planner.candidates for m in planner.steps]
     best = best_fitting_arm(size, arms, budget, prompts=config.grpo.prompts_per_iteration,

@@ -212,11 +212,12 @@ class ExplorationConfig(Validated):
                               range=(1, 4096))
     deadline: bool = spec(True, "Stop exploring when training ends (anytime); false waits for "
                                 "every candidate (used to compare runs bit for bit).")
-    window: str = spec("iteration", "When stale exploration of the next iteration runs: "
-                                    "'iteration' = from this iteration's start (θ_k is ready "
-                                    "then, and the spot workers are otherwise idle during the "
-                                    "rollout), 'train' = only while training runs.",
-                       choices=("iteration", "train"))
+    window: str = spec("auto", "When stale exploration of the next iteration runs: "
+                               "'iteration' = from this iteration's start (θ_k is ready then); "
+                               "'train' = only while training runs; 'auto' = 'iteration' when "
+                               "the spot workers do not pull the rollout (they would be idle "
+                               "during it), else 'train' (they are busy with it until then).",
+                       choices=("auto", "iteration", "train"))
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -80,11 +80,14 @@ def pulled(classes: tuple[str, ...]) -> bool:
 
 
 def explore_window(config: RunConfig, mode: str | Mode | None = None) -> str:
-    """When stale exploration may run: ``exploration.window``, but only while the gpu workers
-    train when its workers also pull the rollout (they are busy with it until then)."""
+    """When stale exploration may run (``iteration`` or ``train``): ``exploration.window``; its
+    default ``auto`` is ``train`` when the exploring workers also pull the rollout (they are busy
+    with it until then), else ``iteration``."""
+    if config.exploration.window != "auto":
+        return config.exploration.window
     rollout = config.placed("rollout", mode)
     shared = set(rollout) & set(config.placed("explore", SPOTLIGHT))
-    return "train" if pulled(rollout) and shared else config.exploration.window
+    return "train" if pulled(rollout) and shared else "iteration"
 
 
 def explored_stage(source: str) -> str:
