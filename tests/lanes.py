@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Seconds each took in a serial fresh-clone CI (2026-11-29): 383, 100, 88, 71, 48 -- about
-# half of the 1340, most of it waiting.
+# Seconds each took in a serial fresh-clone CI (2026-11-29): 383, 100, 88, 71, 48, 29 -- about
+# half of the 1340, much of it waiting; beside the rest, 957 of the two processes' 2020.
 BESIDE = ("tests/pipelines/test_bench_faults.py", "tests/pipelines/test_stock_cluster.py",
           "tests/pipelines/test_cli.py", "tests/pipelines/test_digits_pin.py",
-          "tests/gpu/test_check_gpu.py")
+          "tests/gpu/test_check_gpu.py", "tests/pipelines/test_bench_objectives.py")
 
 
 def lanes(root: Path = ROOT) -> tuple[list[str], list[str]]:

@@ -153,6 +153,8 @@ def check_run(config: "RunConfig") -> None:
     """Cross-section checks of a whole run."""
     grpo, explore, sampler = config.grpo, config.exploration, config.sampler
     mode = mode_of(config.mode)
+    if config.model.policy == "digits":
+        config.world.check_drawable()
     if mode.explores and explore.candidates < grpo.group_size:
         raise ConfigError(
             f"exploration.candidates = {explore.candidates} cannot fill a group of "

@@ -30,6 +30,9 @@ class WorldConfig(Validated):
         if self.canvas_height % 2 or self.canvas_width % 2:
             raise ConfigError(f"WorldConfig canvas {self.canvas_height}x{self.canvas_width} must "
                               "have even sides: the policy packs 2x2 pixel patches into tokens")
+
+    def check_drawable(self) -> None:
+        """The digits world draws its canvases (model.policy: digits): room for the task."""
         if self.task == "ocr" and self.canvas_width < 28:
             raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' "
                               "(three 8-pixel digits)")
@@ -212,11 +215,10 @@ class ExplorationConfig(Validated):
                               range=(1, 4096))
     deadline: bool = spec(True, "Stop exploring when training ends (anytime); false waits for "
                                 "every candidate (used to compare runs bit for bit).")
-    window: str = spec("auto", "When stale exploration of the next iteration runs: "
-                               "'iteration' = from this iteration's start (θ_k is ready then); "
-                               "'train' = only while training runs; 'auto' = 'iteration' when "
-                               "the spot workers do not pull the rollout (they would be idle "
-                               "during it), else 'train' (they are busy with it until then).",
+    window: str = spec("auto", "When stale exploration of the next iteration runs: 'iteration' "
+                               "= from this iteration's start (θ_k is ready then); 'train' = "
+                               "while training runs; 'auto' = 'train' where the spot workers "
+                               "also pull the rollout (busy with it until then), else 'iteration'.",
                        choices=("auto", "iteration", "train"))
 
 
