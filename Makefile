@@ -30,12 +30,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)
 
-# Lint first, then the tests in two pytest processes at once (tests/lanes.py): run one after
-# another they keep about one core of two busy, much of their time waiting on leases, heals and
-# starting processes.
+# Lint first, then one test process. Two at once (tests/lanes.py, 2026-11-29) were no faster on
+# 2 cores: the suite is CPU-bound there (docs/results.md).
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python tests/lanes.py --durations=30
+	$(BIN)/python -m pytest -q --durations=40
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.

@@ -98,3 +98,26 @@ def quantiles(values: Sequence[float | None], *qs: float) -> list[float | None]:
     if not finite:
         return [None for _ in qs]
     return [float(q) for q in np.quantile(finite, qs)]
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float], level: float = 0.90,
+                resamples: int = 10_000, seed: int = 0) -> dict:
+    """``{"gain", "ci90": [lo, hi]}``: the mean of ``after - before`` over paired samples (the
+    same validation prompt and seed before and after training) and a percentile bootstrap
+    interval of it, resampling the pairs. Pairing removes the prompts' own difficulty from
+    the spread, so a small gain on a few dozen prompts can still be told from noise."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_gain needs the same samples before and after; got "
+                         f"{len(before)} and {len(after)}")
+    diffs = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    key = f"ci{round(level * 100)}"
+    if diffs.size == 0:
+        return {"gain": None, key: [None, None]}
+    gain = float(diffs.mean())
+    if diffs.size < 2:
+        return {"gain": gain, key: [gain, gain]}
+    rng = np.random.default_rng(seed)
+    means = rng.choice(diffs, size=(resamples, diffs.size), replace=True).mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return {"gain": gain, key: [float(lo), float(hi)]}

@@ -61,3 +61,18 @@ def test_bootstrap_interval_brackets_the_median_and_shrinks_with_agreement():
 def test_quantiles_skip_missing_values():
     assert quantiles([None, 1.0, 2.0, 3.0, float("nan")], 0.5, 0.1) == [2.0, pytest.approx(1.2)]
     assert quantiles([None], 0.5) == [None]
+
+
+def test_paired_gain_is_the_mean_difference_with_an_interval_around_it():
+    from spotlight.evidence import paired_gain
+
+    out = paired_gain([0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.6])
+    assert out["gain"] == pytest.approx(0.125)
+    lo, hi = out["ci90"]
+    assert 0.1 <= lo <= out["gain"] <= hi <= 0.2
+    # The prompts' own spread cancels: the same gain on every pair has no width.
+    assert paired_gain([0.0, 0.5, 0.9], [0.1, 0.6, 1.0])["ci90"] == pytest.approx([0.1, 0.1])
+    assert paired_gain([0.3], [0.2]) == {"gain": pytest.approx(-0.1),
+                                         "ci90": [pytest.approx(-0.1), pytest.approx(-0.1)]}
+    with pytest.raises(ValueError, match="same samples"):
+        paired_gain([0.1, 0.2], [0.1])

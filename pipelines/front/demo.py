@@ -19,6 +19,7 @@ from pipelines.front.session import Session
 from pipelines.front.timeline import CRITICAL_STAGES, overlap_fraction, plot_timeline
 from pipelines.observe.validation_grid import validation_labels
 from spotlight.config import RunConfig
+from spotlight.evidence import paired_gain
 
 
 def _grid(validation: dict, prompts, path: Path) -> None:
@@ -26,6 +27,14 @@ def _grid(validation: dict, prompts, path: Path) -> None:
     labels = validation_labels(prompts, rewards)
     image_grid(validation["images"][:32].astype(np.float32), labels[:32], path,
                rewards=rewards.reshape(-1)[:32])
+
+
+def validation_gain(before: dict, after: dict) -> dict:
+    """The gain of the validation reward from the first validation to the last, with a
+    bootstrap interval over the same prompts and seeds (spotlight.evidence.paired_gain)."""
+    first = np.asarray(before["rewards"], dtype=float).reshape(-1)
+    last = np.asarray(after["rewards"], dtype=float).reshape(-1)
+    return {**paired_gain(first, last), "pairs": int(first.size)}
 
 
 def run_demo(config: RunConfig, iterations: int | None = None,
@@ -58,15 +67,18 @@ def run_demo(config: RunConfig, iterations: int | None = None,
     summary = {
         "task": config.world.task, "mode": config.mode, "iterations": iterations, "run": url,
         "val_reward_before": before["mean_reward"], "val_reward_after": after["mean_reward"],
+        "val_gain": validation_gain(before, after),
         "val_curve": curve, "explored": sum(r.explored for r in results),
         "planned": sum(r.planned for r in results), "exploration_overlap": overlap,
         "wall_s": results[-1].end - results[0].start if results else 0.0,
         "cost_usd": results[-1].cost_total_usd if results else 0.0}
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(url, report_dir / "report.html")   # the whole run in one page, from its store
+    gain = summary["val_gain"]
+    lo, hi = gain["ci90"]
     print(f"validation reward before RL: {before['mean_reward']:.3f}")
-    print(f"validation reward after RL:  {after['mean_reward']:.3f}  "
-          f"(change {after['mean_reward'] - before['mean_reward']:+.3f})")
+    print(f"validation reward after RL:  {after['mean_reward']:.3f}  (gain {gain['gain']:+.3f}, "
+          f"90% interval [{lo:+.3f}, {hi:+.3f}] over {gain['pairs']} prompt-seed pairs)")
     if overlap is not None:
         print(f"exploration: {summary['explored']}/{summary['planned']} candidates scored, "
               f"{overlap:.0%} of it while the gpu worker was busy")

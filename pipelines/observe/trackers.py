@@ -6,7 +6,7 @@ TensorBoard appends a new event file to the same folder, wandb resumes its run i
 reopens its run id, trackio resumes its run by name. Every one works offline by default.
 
 Their packages are imported when a tracker opens: wandb, MLflow and trackio are optional
-(``spotlight[tracking]``), and none of them should slow down ``import pipelines``.
+(the ``[tracking]`` extra), and none of them should slow down ``import pipelines``.
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, place: Place, identity: str | None):
-        import wandb  # why: optional (spotlight[tracking])
+        import wandb  # why: optional (the [tracking] extra)
 
         self.wandb = wandb
         self.identity = identity or uuid.uuid4().hex[:12]
@@ -167,7 +167,7 @@ class MLflowTracker:
             # MLflow 3 refuses its file store unless asked for it: the one that needs no
             # database or server (mlflow-skinny has neither).
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.entities import Metric, Param  # why: optional (spotlight[tracking])
+        from mlflow.entities import Metric, Param  # why: optional (the [tracking] extra)
         from mlflow.tracking import MlflowClient
 
         self.Metric = Metric
@@ -220,7 +220,7 @@ class TrackioTracker:
     name = "trackio"
 
     def __init__(self, place: Place, identity: str | None):
-        import trackio  # why: optional (spotlight[tracking])
+        import trackio  # why: optional (the [tracking] extra)
 
         self.trackio = trackio
         self.identity = identity or place.run_name

@@ -1,5 +1,5 @@
 """Experiment trackers of a run (``tracking.backends``): TensorBoard by default; Weights &
-Biases, MLflow and trackio when installed (``spotlight[tracking]``).
+Biases, MLflow and trackio when installed (the ``[tracking]`` extra).
 
 Each tracker is one observer of the Session. It logs an iteration when the iteration's record
 is in the run store (``iteration_done``), and from the store alone -- result row, cost ledger,

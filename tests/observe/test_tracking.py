@@ -336,7 +336,7 @@ def test_lost_steps_by_class():
 
 def test_an_unknown_tracker_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match=r"'tensorbord', which is not a tracker; did you mean "
-                                          r"'tensorboard'.*spotlight\[tracking\]"):
+                                          r"'tensorboard'.*pip install -e '\.\[tracking\]'"):
         TrackingConfig(backends=["tensorbord"])
     with pytest.raises(ConfigError, match=r"\['wandb'\] more than once"):
         TrackingConfig(backends=["wandb", "wandb"])
