@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/spotlight demo --config configs/digits.yaml
+	$(BIN)/spotlight demo --config configs/digits-demo.yaml
 
 # `ruff check` ([tool.ruff] in pyproject.toml: pycodestyle, pyflakes, import order) takes under
 # a second, so `make test` runs it first. `ruff format` holds the modules in FORMATTED to its

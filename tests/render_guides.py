@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else "docs/img")
     with tempfile.TemporaryDirectory() as tmp:
         for name, png, height in (("README.md", "readme.png", 3000),
-                                  ("results-summary", "results-summary.png", 1300)):
+                                  ("results-summary", "results-summary.png", 1800)):
             shot = screenshot(guide_page(name, Path(tmp)), out / png, height,
                               Path(tmp) / "profile")
             print(shot)

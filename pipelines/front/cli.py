@@ -16,22 +16,24 @@ from spotlight.config import ConfigError, load_config, parse_override
 from spotlight.modes import MODE_NAMES
 
 DEFAULT_CONFIG = "configs/digits.yaml"
+# The demo's own default: the product's best settings and a steadier validation.
+DEMO_CONFIG = "configs/digits-demo.yaml"
 
 
-def config_path(args: argparse.Namespace) -> str:
-    """``--config``, or the shipped default (found from here or from the project root)."""
+def config_path(args: argparse.Namespace, default: str = DEFAULT_CONFIG) -> str:
+    """``--config``, or the shipped ``default`` (found from here or from the project root)."""
     if getattr(args, "config", None):
         return args.config
-    if Path(DEFAULT_CONFIG).is_file():
-        return DEFAULT_CONFIG
+    if Path(default).is_file():
+        return default
     from spotlight.config import PROJECT_ROOT
 
-    return str(PROJECT_ROOT / DEFAULT_CONFIG)
+    return str(PROJECT_ROOT / default)
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, default: str = DEFAULT_CONFIG):
     overrides = dict(parse_override(item) for item in (args.set or []))
-    return load_config(config_path(args), overrides)
+    return load_config(config_path(args, default), overrides)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -47,7 +49,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.front.demo import run_demo
 
-    config = _config(args)
+    config = _config(args, DEMO_CONFIG)
     run_demo(config, iterations=args.iterations, report_dir=Path(args.report), store=args.store)
     return 0
 
@@ -207,8 +209,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help=f"run config YAML (default {DEFAULT_CONFIG})")
+def _with_config(p: argparse.ArgumentParser, default: str = DEFAULT_CONFIG) -> None:
+    p.add_argument("--config", default=None, help=f"run config YAML (default {default})")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config value, e.g. --set grpo.lr=3e-4 (repeatable)")
 
@@ -220,7 +222,7 @@ def _add_pretrain(p: argparse.ArgumentParser) -> None:
 
 
 def _add_demo(p: argparse.ArgumentParser) -> None:
-    _with_config(p)
+    _with_config(p, DEMO_CONFIG)
     p.add_argument("--iterations", type=int, default=None, help="RL iterations (default: config)")
     p.add_argument("--report", default="reports/demo", help="report folder (default reports/demo)")
     p.add_argument("--store", default=None, help="run store URL (default runs/<time>-<hash>)")

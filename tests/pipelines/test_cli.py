@@ -1,5 +1,6 @@
 """End-to-end through the real console entry point, on a tiny config (same code paths)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
                  "--store", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert "validation reward before RL" in out and "validation reward after RL" in out
+    assert re.search(r"\(gain [+-]\d\.\d{3}, 90% interval \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\] "
+                     r"over 8 prompt-seed pairs\)", out), out   # 4 prompts x 2 seeds
     for name in ("validation_before.png", "validation_after.png", "reward_curve.png",
                  "timeline.png", "report.html"):
         assert (report / name).stat().st_size > 0
@@ -43,6 +46,9 @@ def test_demo_writes_report(tiny_yaml, tmp_path, capsys):
     assert all(f'<section id="{s}">' in page for s in ("summary", "rewards", "timeline", "cost"))
     summary = json.loads((report / "summary.json").read_text())
     assert summary["iterations"] == 2
+    gain = summary["val_gain"]   # the last validation against the first, paired
+    assert gain["pairs"] == 8 and gain["ci90"][0] <= gain["gain"] <= gain["ci90"][1]
+    assert gain["gain"] == pytest.approx(summary["val_reward_after"] - summary["val_reward_before"])
     assert [p["iteration"] for p in summary["val_curve"]] == [0, 1, 2]
 
 
