@@ -30,11 +30,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)
 
-# Lint first, then the tests in two pytest processes at once (tests/lanes.py): much of the
-# suite's time is spent waiting -- on leases, heals, a lost scheduler, processes starting.
+# Lint first, then one test process. Two at once (tests/lanes.py, 2026-11-29) were no faster on
+# 2 cores: the suite is CPU-bound there (docs/results.md).
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python tests/lanes.py --durations=30
+	$(BIN)/python -m pytest -q --durations=40
 
 # Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml names them): about
 # 25 minutes on 2 cores. Not part of `make test`; the score goes to docs/results.md.
