@@ -73,6 +73,11 @@ SPECS = {
 }
 
 
+def benches_taking(flag: str) -> list[str]:
+    """The benches whose options include ``flag``, in :data:`SPECS`' order."""
+    return [name for name, spec in SPECS.items() if flag in spec.options]
+
+
 def load_bench(name: str) -> Callable[..., dict]:
     """The bench ``name`` (:data:`SPECS`), its module imported now."""
     import importlib

@@ -154,7 +154,7 @@ def _preemption_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipelines.bench.registry import OPTIONS, SPECS, load_bench, write_result
+    from pipelines.bench.registry import OPTIONS, SPECS, benches_taking, load_bench, write_result
 
     spec = SPECS[args.name]
     # argparse names each option's attribute after its flag
@@ -162,8 +162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     given = {flag: value for flag, value in values.items() if value not in (None, False)}
     for flag in given:   # before the bench's imports: a refusal takes no time
         if flag not in spec.options:
-            takers = [name for name, other in SPECS.items() if flag in other.options]
-            raise UsageError(f"{flag} applies to {_bench_list(takers)} only; 'bench "
+            raise UsageError(f"{flag} applies to {_bench_list(benches_taking(flag))} only; 'bench "
                              f"{args.name}' takes {', '.join(spec.options) or 'no options'} "
                              "besides --quick and --json")
     options = {"quick": args.quick, "json_path": args.json}
@@ -290,7 +289,7 @@ def _add_run(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
-    from pipelines.bench.registry import SPECS
+    from pipelines.bench.registry import SPECS, benches_taking
 
     p.description = "Benchmarks:\n" + "\n".join(
         f"  {name:14} {spec.answers}" for name, spec in SPECS.items())
@@ -301,8 +300,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke check)")
 
     def option(flag: str, help_text: str, **kwargs) -> None:
-        takers = [name for name, spec in SPECS.items() if flag in spec.options]
-        p.add_argument(flag, help=f"{help_text} [{', '.join(takers)}]", **kwargs)
+        p.add_argument(flag, help=f"{help_text} [{', '.join(benches_taking(flag))}]", **kwargs)
 
     option("--task", "task family: ocr or geneval (default ocr)", choices=("ocr", "geneval"))
     option("--config", "config YAML (default: the task's, or the bench's own)")

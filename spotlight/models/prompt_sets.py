@@ -56,9 +56,10 @@ def _article(word: str) -> str:
 
 
 def _noun(count: int, name: str, color: str | None = None) -> str:
-    words = f"{color} {name}" if color else name
-    return f"{_article(words)} {words}" if count == 1 else \
-        f"{NUMBERS[count]} {_plural(words) if not color else f'{color} {_plural(name)}'}"
+    colored = f"{color} " if color else ""
+    if count == 1:
+        return f"{_article(colored + name)} {colored}{name}"
+    return f"{NUMBERS[count]} {colored}{_plural(name)}"
 
 
 def ocr_prompts(rng: random.Random) -> list[str]:
