@@ -85,10 +85,12 @@ class Bench:
     iterations: int
     root: Path
     clean_url: str | None = None
+    driver_options: tuple[str, ...] = ()   # more ``spotlight run`` options for every run
 
     def run_args(self, url: str, *extra: str) -> list[str]:
         return ["run", "--config", str(self.config_path), "--iterations", str(self.iterations),
-                "--scheduler", self.cluster.scheduler, "--store", url, *extra]
+                "--scheduler", self.cluster.scheduler, "--store", url, *self.driver_options,
+                *extra]
 
     def store(self, url: str, create: bool = False):
         """The run store at ``url``, read from this process (the root namespace)."""

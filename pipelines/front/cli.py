@@ -242,12 +242,18 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 def _store_options(args: argparse.Namespace) -> dict:
     """Run-store settings from the command line (the rest come from the URL)."""
-    if args.store_patience is None:
-        return {}
-    if args.store_patience < 0:
-        raise UsageError(f"--store-patience {args.store_patience:g}: a number of seconds >= 0 "
-                         "is expected (0: give up after the store's retries)")
-    return {"patience_s": args.store_patience}
+    options = {}
+    if args.store_patience is not None:
+        if args.store_patience < 0:
+            raise UsageError(f"--store-patience {args.store_patience:g}: a number of seconds "
+                             ">= 0 is expected (0: give up after the store's retries)")
+        options["patience_s"] = args.store_patience
+    if args.lease_ttl is not None:
+        if not 1 <= args.lease_ttl <= 86400:
+            raise UsageError(f"--lease-ttl {args.lease_ttl:g}: a number of seconds from 1 to "
+                             "86400 is expected (it is renewed every third of it)")
+        options["lease_ttl_s"] = args.lease_ttl
+    return options
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
@@ -268,6 +274,10 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                    help="how long the driver and its workers retry a run store that is away "
                         "(its host cut off, restarting) before the run stops, resumable "
                         "(default 60)")
+    p.add_argument("--lease-ttl", type=float, default=None, metavar="SECONDS",
+                   help="how long this driver's lease on the run outlives its last renewal: "
+                        "after a crash, --takeover can take the run that much later (default "
+                        "30; shorter means a faster takeover and more reads of the store)")
     p.add_argument("--takeover", action="store_true",
                    help="with --resume: take the run's lease from a driver that is gone (its "
                         "lease expired unreleased: a crash or a cut-off host); that driver's "

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.timeout(1800)
 TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
              "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5,
              "cluster.worker_wait_s": 8}
+# A killed driver's run is taken over once its lease expires: 10 s after its last renewal here
+# (`spotlight run --lease-ttl`), 30 by default.
+LEASE_TTL_S = 10
 
 
 def test_bench_faults_quick_from_outside_the_repository(netns, tmp_path, outside_repo):
@@ -42,7 +45,7 @@ def bed_bench(module_testbed, tiny_world_learns, tmp_path_factory) -> Bench:
     cluster = start_bed_cluster(module_testbed, root / "bed", gpu=1, spot=2,
                                 spare=("driver-2", "scheduler-2"))
     return Bench(module_testbed, cluster, write_bench_config(root, str(config), False, TEST_SIZE),
-                 2, root)
+                 2, root, driver_options=("--lease-ttl", str(LEASE_TTL_S)))
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +126,4 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
     assert "stopped answering" in lost["driver_error"] and "--scheduler" in lost["driver_error"], \
         found
     assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found
+    assert found["driver_loss"]["lease_ttl_s"] == pytest.approx(LEASE_TTL_S, abs=0.01), found

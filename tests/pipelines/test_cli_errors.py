@@ -68,6 +68,8 @@ CASES = {
     "audit-missing": (lambda r: ["audit", str(r / "no-such-run")], 3, "no Spotlight run"),
     "negative-patience": (lambda r: ["run", "--config", "tiny.yaml", "--store-patience", "-5"],
                           2, "--store-patience -5: a number of seconds >= 0"),
+    "zero-lease": (lambda r: ["run", "--config", "tiny.yaml", "--lease-ttl", "0"],
+                   2, "--lease-ttl 0: a number of seconds from 1 to 86400"),
 }
 
 
