@@ -203,10 +203,13 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
         reference = model(**request_inputs(), return_dict=False)[0]
     # One "device" per worker process; a killed one's nanny starts a fresh process -- a fresh
     # interpreter (spawned), as a restarted process on a real node is: the cold start the
-    # regroup is compared with includes the imports a forked worker would skip.
+    # regroup is compared with includes the imports a forked worker would skip. --quick, a
+    # smoke check of the same steps, forks its workers from a server that imported the
+    # project: its cold start leaves the imports out.
+    start_method = "forkserver" if quick else "spawn"
     dask_log = run_log_file(url).path
     handle = start_embedded(ClusterConfig(gpu_workers=devices, spot_workers=0, dashboard=False,
-                                          start_method="spawn"), log_file=dask_log)
+                                          start_method=start_method), log_file=dask_log)
     with contextlib.closing(handle):
         client = handle.client
         bench = Bench(client, url, reference)
@@ -226,7 +229,7 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
     regroup = _percentiles([r["regroup_s"] for r in regroups])
     cold = _percentiles(colds)
     return {
-        "bench": "sp", "devices": devices, "rounds": rounds,
+        "bench": "sp", "devices": devices, "rounds": rounds, "worker_start": start_method,
         "max_abs_diff": diffs | {"after_regroup": max(r["diff"] for r in regroups)},
         "regroup_s": regroup, "cold_start_s": cold,
         "regroup_speedup": cold["p50"] / regroup["p50"],

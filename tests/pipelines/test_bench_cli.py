@@ -39,6 +39,7 @@ def test_bench_sp_quick_from_outside_the_repository(tmp_path, outside_repo):
     assert result["max_abs_diff"]["sp4"] < 1e-4 and result["max_abs_diff"]["sp2"] < 1e-4
     assert result["max_abs_diff"]["after_regroup"] < 1e-4
     assert result["rounds"] == 1 and result["regroup_s"]["p50"] > 0
+    assert result["worker_start"] == "forkserver"   # --quick; the full bench spawns
     assert math.isfinite(result["regroup_speedup"]) and result["regroup_speedup"] > 0
     assert result["chaos"]["completed"] == result["chaos"]["requests"]
     assert result["chaos"]["max_abs_diff"] == 0.0
