@@ -280,7 +280,7 @@ def register_worker_setup(client, config: ClusterConfig, *, embedded: bool) -> N
     """Every worker, present and future, gets the project's set-up (imports, speed, nice)."""
     register_everywhere(client, spotlight_worker_setup(
         config.threads_per_worker, config.spot_nice if embedded else 0,
-        http=config.dashboard or not embedded))
+        http=config.dashboard or not embedded, devices_per_node=config.devices_per_node))
 
 
 def register_everywhere(client, plugin) -> None:

@@ -22,6 +22,8 @@ A worker plugin registered by the session (so workers that join later get it too
   made at set-up and dropped at teardown.
 - **Spot priority.** On a shared machine (the embedded cluster) spot workers run niced, as a
   separate spot VM would take only its own cycles.
+- **A device each.** On a node with several GPUs every worker process claims one of its own
+  (:mod:`pipelines.cluster.devices`), so that ``cuda`` is a different device in each.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import sys
 import threading
 
 from pipelines.cluster.dask_log import LOG_ENV, route_to_file
+from pipelines.cluster.devices import node_device_count, pin_worker_device
 from pipelines.cluster.runtime import PLUGIN_NAME, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -104,16 +107,20 @@ def dask_setup(worker) -> None:
         route_to_file(os.environ[LOG_ENV], f"worker {getattr(worker, 'name', '?')}")
 
 
-def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True):
+def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True,
+                           devices_per_node: int = 0):
     """The worker plugin (see the module docstring); ``http=False`` closes the worker's HTTP
-    endpoint (an embedded cluster without a dashboard listens on nothing but Dask's RPC)."""
+    endpoint (an embedded cluster without a dashboard listens on nothing but Dask's RPC);
+    ``devices_per_node``: ``cluster.devices_per_node`` (0: the CUDA devices a worker sees)."""
     from distributed import WorkerPlugin
 
     class SpotlightWorkerSetup(WorkerPlugin):
         name = PLUGIN_NAME
 
-        def __init__(self, threads: int, spot_nice: int, http: bool) -> None:
+        def __init__(self, threads: int, spot_nice: int, http: bool,
+                     devices_per_node: int) -> None:
             self.threads, self.spot_nice, self.http = threads, spot_nice, http
+            self.devices_per_node = devices_per_node
             self.runtime: WorkerRuntime | None = None   # made on the worker, never pickled
 
         def setup(self, worker) -> None:
@@ -132,9 +139,15 @@ def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True):
                 os.nice(self.spot_nice)
             if not self.http and getattr(worker, "http_server", None) is not None:
                 worker.http_server.stop()
+            count = node_device_count(self.devices_per_node)
+            if count > 1 and pin_worker_device(count) is None:
+                log.warning("spotlight: worker %s found each of this node's %d devices held by "
+                            "another worker process; it computes beside one of them. Start "
+                            "at most %d workers per node (dask worker --nworkers %d)",
+                            getattr(worker, "name", "?"), count, count, count)
 
         def teardown(self, worker) -> None:
             if self.runtime is not None:
                 self.runtime.clear()   # the run's models go with the worker
 
-    return SpotlightWorkerSetup(threads, spot_nice, http)
+    return SpotlightWorkerSetup(threads, spot_nice, http, devices_per_node)

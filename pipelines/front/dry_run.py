@@ -8,7 +8,7 @@ is printed under the table (see :mod:`spotlight.sizing`).
 from __future__ import annotations
 
 from spotlight.config import RunConfig
-from spotlight.cost import run_prices
+from spotlight.cost import load_prices, run_prices
 from spotlight.iteration import explore_window
 from spotlight.models.base import model_size
 from spotlight.sizing import (
@@ -62,6 +62,22 @@ def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
                     f"({planner.budget_fraction:g} x the {window:.0f} s window)")
 
 
+def node_lines(config: RunConfig, workers: dict[str, int]) -> list[str]:
+    """How to start each worker class's nodes: one worker process per GPU of its instance."""
+    table = load_prices(config.cost.prices)
+    instances = {"gpu": config.cost.gpu_instance, "spot": config.cost.spot_instance}
+    lines = []
+    for cls, count in workers.items():
+        if not count:
+            continue
+        gpus = table.instance(config.cost.provider, instances[cls]).gpus
+        nodes = -(-count // gpus)
+        lines.append(f"start {cls}: {nodes} x {instances[cls]} ({gpus} GPUs each), on each "
+                     f"`dask worker ADDR --resources \"{cls}=1\" --nworkers {min(gpus, count)} "
+                     f"--nthreads 1`: a worker per GPU, each on a device of its own")
+    return lines
+
+
 def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
     size = model_size(config)   # builds the components on the meta device: once
     rows = estimates(config, size, gpu_speed)
@@ -95,7 +111,7 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
               "per iteration: " + ", ".join(
                   f"{cls} {hours[cls]:.3f} GPU-h ${cost[cls]:.2f} at ${prices[cls]:.2f}/GPU-h"
                   for cls in workers) + f"; total ${sum(cost.values()):.2f}",
-              plan_line, "", "how:"]
+              plan_line, *node_lines(config, workers), "", "how:"]
     lines += [f"  {r.stage}: {r.how}" for r in rows]
     lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
               f"activations of one block ({INFERENCE_ACTIVATIONS} x batch x tokens x width); "

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from pipelines.cluster.runtime import runtime
 from pipelines.run import tasks
+from spotlight.models.device import collective_backend, module_device
 from spotlight.parallel import ulysses
 from storage import RunStore
 
@@ -147,7 +148,8 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
     leave()
     store = st.rendezvous if rank == 0 else dist.TCPStore(
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"epoch-{epoch}", store),
+    dist.init_process_group(collective_backend(module_device(st.model)),
+                            store=dist.PrefixStore(f"epoch-{epoch}", store),
                             rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
     dist.distributed_c10d._set_pg_timeout(STEP_TIMEOUT)   # joined: collectives may wait longer
     if not st.run:   # a run's policy is shared with other tasks: switched per request

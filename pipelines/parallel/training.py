@@ -5,12 +5,13 @@ Every gpu worker trains the same Flow-GRPO step on its share of each micro-batch
 takes the single-process step and ends holding the new weights in its worker context -- the
 next rollout copies nothing (:class:`~spotlight.rl.trainer.FlowGRPO`'s ``peers``).
 
-The group's communicator is a gloo process group of its own (``ProcessGroupGloo`` on a
-rendezvous hosted by rank 0), beside the default group an executor's SP group uses, so a gpu
-worker can be in an SP rollout group and the training group at once. The driver's
-:class:`TrainingGroup` forms it over the live gpu workers and forms it anew when they change:
-a member lost mid-step fails its peers' collectives, and the step is run again from the stored
-version on the rebuilt group.
+The group's communicator is a process group of its own on a rendezvous hosted by rank 0 --
+NCCL where the model computes on CUDA, gloo on the CPU
+(:func:`~spotlight.models.device.collective_backend`) -- beside the default group an
+executor's SP group uses, so a gpu worker can be in an SP rollout group and the training group
+at once. The driver's :class:`TrainingGroup` forms it over the live gpu workers and forms it
+anew when they change: a member lost mid-step fails its peers' collectives, and the step is run
+again from the stored version on the rebuilt group.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from pipelines.cluster.runtime import runtime
 from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _abort, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
+from spotlight.models.device import collective_backend, resolve_device
 from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
 
 
@@ -84,14 +86,26 @@ def open_training_rendezvous(epoch: int) -> tuple[str, int]:
     return host, hosted[epoch].port
 
 
-def join_training(epoch: int, rank: int, world: int, host: str, port: int) -> float:
-    """Join training group ``epoch`` as ``rank`` of ``world``; the seconds it took."""
+def communicator(backend: str, store, rank: int, world: int):
+    """A process group of ``backend`` ('gloo' or 'nccl') on ``store``, outside the default
+    group; a step's collective may wait ``STEP_TIMEOUT``."""
+    if backend == "nccl":
+        group = dist.ProcessGroupNCCL(store, rank, world)
+    else:
+        group = dist.ProcessGroupGloo(store, rank, world, JOIN_TIMEOUT)
+    group._set_default_timeout(STEP_TIMEOUT)
+    return group
+
+
+def join_training(epoch: int, rank: int, world: int, host: str, port: int,
+                  device: str = "cpu") -> float:
+    """Join training group ``epoch`` as ``rank`` of ``world``, its collectives over tensors on
+    ``device`` (``model.device``, resolved on this worker); the seconds it took."""
     started, mine = time.perf_counter(), seat()
     store = mine.hosted[epoch] if rank == 0 else dist.TCPStore(host, port, is_master=False,
                                                                timeout=JOIN_TIMEOUT)
-    group = dist.ProcessGroupGloo(dist.PrefixStore(f"train-{epoch}", store), rank, world,
-                                  JOIN_TIMEOUT)
-    group._set_default_timeout(STEP_TIMEOUT)   # joined: a step's all-reduce may wait longer
+    group = communicator(collective_backend(resolve_device(device)),
+                         dist.PrefixStore(f"train-{epoch}", store), rank, world)
     mine.peers.clear()
     mine.peers[epoch] = GlooPeers(group, rank, world)
     return time.perf_counter() - started
@@ -117,8 +131,8 @@ def group_size(epoch: int) -> int:
 class TrainingGroup:
     """The training communicator over the gpu workers, formed anew when they change."""
 
-    def __init__(self, client) -> None:
-        self.client = client
+    def __init__(self, client, device: str = "cpu") -> None:
+        self.client, self.device = client, device   # model.device, as each worker resolves it
         self.members: tuple[str, ...] = ()
         self.epoch = 0
         self.log: list[dict] = []
@@ -134,7 +148,8 @@ class TrainingGroup:
             open_training_rendezvous, self.epoch, workers=[members[0]], pure=False,
             allow_other_workers=False)], pinned)[0]
         joins = [self.client.submit(join_training, self.epoch, rank, len(members), *place,
-                                    workers=[m], pure=False, allow_other_workers=False)
+                                    self.device, workers=[m], pure=False,
+                                    allow_other_workers=False)
                  for rank, m in enumerate(members)]
         await_pinned(self.client, joins, pinned)
         self.members = tuple(members)

@@ -37,7 +37,8 @@ def dp_train(ctx: StageContext, request: tasks.TrainRequest) -> dict:
     returns)."""
     carried = ctx.carried
     if carried.training_group is None:
-        carried.training_group = training.TrainingGroup(ctx.cluster.client)
+        carried.training_group = training.TrainingGroup(ctx.cluster.client,
+                                                        ctx.config.model.device)
     ctx.check_running()
     return carried.training_group.run(lambda: gpu_workers(ctx), dp_train_task, ctx.config,
                                        ctx.store, request)

@@ -34,8 +34,7 @@ class WorldConfig(Validated):
     def check_drawable(self) -> None:
         """The digits world draws its canvases (model.policy: digits): room for the task."""
         if self.task == "ocr" and self.canvas_width < 28:
-            raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' "
-                              "(three 8-pixel digits)")
+            raise ConfigError("WorldConfig.canvas_width must be >= 28 for 'ocr' (3 digits)")
         if self.task == "geneval" and (self.canvas_height < 20 or self.canvas_width < 32):
             raise ConfigError("WorldConfig canvas must be at least 20x32 for 'geneval' "
                               "(two rows of three object slots)")
@@ -342,6 +341,8 @@ class ClusterConfig(Validated):
         "help": "Mutual TLS to an existing scheduler (see cluster.tls.*)."})
     spot_nice: int = spec(10, "CPU niceness of embedded spot workers: on a shared machine they "
                               "take spare cycles only, as a separate spot VM would.", range=(0, 19))
+    devices_per_node: int = spec(0, "GPUs a node's worker processes share out, one each; 0: the "
+                                    "CUDA devices a worker sees.", range=(0, 64))
     start_method: str = spec("forkserver", "How the embedded cluster starts its worker "
                                            "processes: 'forkserver' forks them from one "
                                            "process that imported the project once (a worker "
@@ -384,9 +385,8 @@ class PreemptionConfig(Validated):
         if "file" in self.notice_sources and not self.notice_file:
             raise ConfigError("PreemptionConfig.notice_sources has 'file' but notice_file is "
                               "empty; set preemption.notice_file to the path to watch")
-        if 0 < self.liveness_steps <= 1:
-            raise ConfigError(f"preemption.liveness_steps = {self.liveness_steps}: use 0 (off) "
-                              "or >1")
+        if 0 < (steps := self.liveness_steps) <= 1:
+            raise ConfigError(f"preemption.liveness_steps = {steps}: use 0 (off) or >1")
 
 
 WORKER_CLASSES = ("gpu", "spot")
@@ -470,7 +470,7 @@ class ParallelConfig(Validated):
             "run on one worker.")
     data_parallel: bool = spec(False, "Train on every gpu worker at once: each computes its "
                                "share of every micro-batch and the gradients are summed over "
-                               "them (gloo on CPU), so each takes the single-worker step.")
+                               "them (NCCL on CUDA, gloo on CPU): the single-worker step.")
 
     def validate(self) -> None:
         seen: set[tuple[int, int]] = set()

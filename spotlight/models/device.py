@@ -34,6 +34,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def collective_backend(device: torch.device) -> str:
+    """The ``torch.distributed`` backend for collectives over tensors on ``device``: NCCL on
+    CUDA (device to device, over NVLink or the network, with no copy through the host), gloo on
+    the CPU. NCCL also refuses two ranks on one device, so a node runs a worker per GPU."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 def module_device(module: Any) -> torch.device:
     """Where ``module`` computes: its ``device`` attribute, else its first parameter's device,
     else the CPU (a policy without parameters)."""

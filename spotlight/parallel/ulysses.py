@@ -12,9 +12,10 @@ gathered afterwards.
 Unlike diffusers' own context parallelism (which needs an accelerator and can be enabled once
 per model), :func:`enable` only swaps attention processors, so the same model object serves
 one group, then another after a member is lost, then none (:func:`disable`) -- what an elastic
-group needs. The communication is ``torch.distributed`` (the executors use gloo, on CPU and
-GPU alike); each collective is an autograd function with its exact adjoint, so gradients flow
-too: with a loss summed over the members' shards, the members' parameter gradients sum to the
+group needs. The communication is ``torch.distributed`` (the executors use NCCL on CUDA and
+gloo on the CPU: :func:`spotlight.models.device.collective_backend`); each collective is an
+autograd function with its exact adjoint, so gradients flow too: with a loss summed over the
+members' shards, the members' parameter gradients sum to the
 single-process gradient (:func:`sum_gradients`).
 """
 from __future__ import annotations

@@ -24,6 +24,10 @@ def test_the_1280_config_is_sized_from_the_published_model(tmp_path, monkeypatch
     n, m = map(int, re.search(r"explores N=(\d+) candidates x M=(\d+) steps", out).groups())
     assert (n, m) in [(c, s) for c in (24, 32, 48) for s in (18, 16, 24)]
     assert "exploration fits in it" in out
+    # 8 gpu and 16 spot workers on 8-GPU instances: a worker process per GPU.
+    assert 'start gpu: 1 x p5.48xlarge (8 GPUs each), on each `dask worker ADDR --resources ' \
+        '"gpu=1" --nworkers 8 --nthreads 1`' in out
+    assert "start spot: 2 x p5.48xlarge (8 GPUs each)" in out
     assert list(tmp_path.iterdir()) == []   # no run store, no report: nothing written
 
 
