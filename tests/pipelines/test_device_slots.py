@@ -6,11 +6,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
-from pipelines.cluster import start_embedded
+from pipelines.bench.testbed import kill as kill_tree
+from pipelines.cluster import register_worker_setup, start_embedded
 from pipelines.cluster.devices import claim_device_slot, held_device_slot, lock_folder
 from pipelines.parallel.groups import live_workers
 from spotlight.config import ClusterConfig
@@ -95,3 +99,31 @@ def test_each_worker_of_a_node_computes_on_a_device_of_its_own(tmp_path):
         assert after[newcomer] == 2, after   # the device its predecessor held
     finally:
         handle.close()
+
+
+def test_stock_workers_started_as_on_a_gpu_vm_each_take_a_device(tmp_path):
+    """The VM recipe: `dask worker ADDR --nworkers 3` on a node of 3 devices; the driver
+    registers the project's set-up on connect, as a run does."""
+    from distributed import Client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+             for args in (("distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                           str(port), "--no-dashboard"),
+                          ("distributed.cli.dask_worker", address, "--resources", "gpu=1",
+                           "--nworkers", "3", "--nthreads", "1", "--no-dashboard"))]
+    try:
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(3, timeout=120)
+            register_worker_setup(client, ClusterConfig(scheduler=address, devices_per_node=3),
+                                  embedded=False)
+            slots = _slots(client)
+            assert sorted(slots.values()) == [0, 1, 2], slots
+    finally:
+        for proc in procs:
+            kill_tree(proc)
