@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pipelines.run.state import IterationResult
 from spotlight.config import load_config
 from spotlight.exploration.planner import Plan
 from tests.pipelines.conftest import TINY_WORLD
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(600)   # the first run of a session trains the tiny models
 
@@ -123,17 +123,12 @@ def test_the_printed_dashboard_is_bokeh_and_its_spotlight_page_shows_the_run_liv
 
 # --- a `dask scheduler` started by hand -----------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def preloaded_scheduler():
     """``dask scheduler --preload pipelines.observe.dashboard_page`` on loopback: the one flag
     the README tells users of their own cluster to add."""
-    port, http = _free_port(), _free_port()
+    port, http = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
          "--port", str(port), "--dashboard-address", f"127.0.0.1:{http}",

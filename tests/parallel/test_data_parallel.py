@@ -2,26 +2,19 @@
 single-process step's on the same batch, and the group is formed anew when a member is lost."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.parallel.dp_worker import member
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world,objectives", [(2, ("flow-grpo",)), (3, ("flow-grpo", "nft"))])
 def test_summed_gradients_equal_the_single_process_step(tmp_path, world, objectives):
-    mp.spawn(member, args=(world, _free_port(), str(tmp_path), objectives), nprocs=world)
+    mp.spawn(member, args=(world, free_port(), str(tmp_path), objectives), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}-{objective}.pt", weights_only=True)
                for r in range(world) for objective in objectives]
     assert len(results) == world * len(objectives)

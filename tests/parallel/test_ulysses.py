@@ -2,22 +2,15 @@
 single-process forward (and, for 2, the gradients) of a real QwenImageTransformer2DModel."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from spotlight.parallel.ulysses import SequenceParallelError, check_degree, shard_bounds
 from tests.parallel.sp_worker import member
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_group(world: int, tmp_path, backward: bool = False) -> list[dict]:

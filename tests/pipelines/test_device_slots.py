@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pipelines.cluster import register_worker_setup, start_embedded
 from pipelines.cluster.devices import claim_device_slot, held_device_slot, lock_folder
 from pipelines.parallel.groups import live_workers
 from spotlight.config import ClusterConfig
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -106,9 +106,7 @@ def test_stock_workers_started_as_on_a_gpu_vm_each_take_a_device(tmp_path):
     registers the project's set-up on connect, as a run does."""
     from distributed import Client
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

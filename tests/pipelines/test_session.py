@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pipelines.front.session import Session
 from spotlight.config import ConfigError, load_config
 from spotlight.exploration.fidelity import grouped_kendall_tau
 from storage import RunStore
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -213,16 +213,10 @@ def Session_results(store: RunStore) -> list[dict]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def remote_cluster(tmp_path):
     """A real `dask scheduler` and `dask worker --resources` processes on loopback."""
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask = [sys.executable, "-m", "distributed.cli.dask_"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -287,7 +281,7 @@ def test_unreachable_scheduler_fails_fast_and_leaves_the_run_intact(tiny_run_con
                              mode="vanilla") as session:
         session.run(1)
     before = (tmp_path / "run" / "manifest.json").read_bytes()
-    nobody = f"tcp://127.0.0.1:{_free_port()}"
+    nobody = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(ClusterError, match=f"could not reach the Dask scheduler at {nobody}"):
         Session.resume(str(tmp_path / "run"), scheduler=nobody, connect_timeout_s=1)
     assert (tmp_path / "run" / "manifest.json").read_bytes() == before

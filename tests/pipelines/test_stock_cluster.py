@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,15 +15,10 @@ import pytest
 
 from pipelines.bench.testbed import kill as kill_tree
 from tests.pipelines.conftest import run_quick_bench
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(420)
 CLI = [sys.executable, "-c", "import sys; from spotlight import main; sys.exit(main(sys.argv[1:]))"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def stock_cluster(tmp_path_factory):
     """`dask scheduler` plus `dask worker ADDR --resources X=1` (nothing else) in an empty
     folder, shared by the module's tests: the one that kills every worker comes last."""
     folder = tmp_path_factory.mktemp("cluster-cwd")
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
 

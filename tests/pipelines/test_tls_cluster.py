@@ -3,7 +3,6 @@ certificates made here; an iteration completes over TLS, a client without the ri
 certificates is refused with a message that says what to set."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -13,21 +12,16 @@ from pipelines.bench.testbed import kill
 from pipelines.cluster import ClusterError
 from pipelines.deploy.certificates import make_pki
 from pipelines.front.session import Session
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(420)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def tls_cluster(tmp_path):
     pki = make_pki(tmp_path / "pki", ["127.0.0.1"])
     tls = pki.dask_args()
-    port = _free_port()
+    port = free_port()
     address = f"tls://127.0.0.1:{port}"
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
                                "--host", "127.0.0.1", "--port", str(port), "--protocol", "tls",
