@@ -127,12 +127,17 @@ def price_per_gpu_hour(table: PriceTable, provider: str, instance: str, market: 
     return price / entry.gpus
 
 
+def worker_class_instances(config: CostConfig) -> dict[str, tuple[str, str]]:
+    """The instance type and market each worker class runs on, e.g. {"gpu": ("p5.48xlarge",
+    "on_demand"), ...}."""
+    return {"gpu": (config.gpu_instance, config.gpu_market),
+            "spot": (config.spot_instance, config.spot_market)}
+
+
 def worker_class_prices(config: CostConfig, table: PriceTable) -> dict[str, float]:
     """USD per GPU-hour of each worker class, e.g. {"gpu": 6.88, "spot": 1.78}."""
-    chosen = {"gpu": (config.gpu_instance, config.gpu_market),
-              "spot": (config.spot_instance, config.spot_market)}
     prices = {}
-    for cls, (instance, market) in chosen.items():
+    for cls, (instance, market) in worker_class_instances(config).items():
         try:
             prices[cls] = price_per_gpu_hour(table, config.provider, instance, market)
         except ConfigError as err:

@@ -222,8 +222,8 @@ def bench_sp(quick: bool = False, devices: int = 4, rounds: int | None = None,
         sp = bench.groups((4, 2, 1))
         sp.add(bench.workers())
         regroups = [regroup_round(bench, sp, devices) for _ in range(rounds)]
-        under_kills = chaos(client, url, model, [1.0, 3.0, 5.0]) if not quick else \
-            chaos(client, url, model, [1.0], requests=4, steps=30)
+        kills_s, requests, steps = ([1.0], 4, 30) if quick else ([1.0, 3.0, 5.0], 8, 60)
+        under_kills = chaos(client, url, model, kills_s, requests=requests, steps=steps)
         unkept = [without_persistence(bench, devices) for _ in range(max(1, rounds // 2))]
         colds = [cold_start(bench) for _ in range(max(1, rounds // 2))]
     regroup = _percentiles([r["regroup_s"] for r in regroups])

@@ -29,7 +29,6 @@ class DeviceSlot:
 
     index: int
     count: int
-    lock_path: str
 
 
 _held: DeviceSlot | None = None   # this process's claim, for its lifetime
@@ -66,7 +65,7 @@ def claim_device_slot(count: int, folder: Path | None = None) -> DeviceSlot | No
         os.write(fd, f"{os.getpid()}\n".encode())   # who holds it, for a person looking
         if _held_fd is not None:
             os.close(_held_fd)
-        _held, _held_fd = DeviceSlot(index, count, str(path)), fd
+        _held, _held_fd = DeviceSlot(index, count), fd
         return _held
     return None
 

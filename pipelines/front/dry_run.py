@@ -8,7 +8,7 @@ is printed under the table (see :mod:`spotlight.sizing`).
 from __future__ import annotations
 
 from spotlight.config import RunConfig
-from spotlight.cost import load_prices, run_prices
+from spotlight.cost import PriceTable, load_prices, worker_class_instances, worker_class_prices
 from spotlight.iteration import explore_window
 from spotlight.models.base import model_size
 from spotlight.sizing import (
@@ -62,17 +62,16 @@ def planned(config: RunConfig, size, by_stage: dict, gpu_speed: float = 1.0
                     f"({planner.budget_fraction:g} x the {window:.0f} s window)")
 
 
-def node_lines(config: RunConfig, workers: dict[str, int]) -> list[str]:
+def node_lines(config: RunConfig, table: PriceTable, workers: dict[str, int]) -> list[str]:
     """How to start each worker class's nodes: one worker process per GPU of its instance."""
-    table = load_prices(config.cost.prices)
-    instances = {"gpu": config.cost.gpu_instance, "spot": config.cost.spot_instance}
     lines = []
-    for cls, count in workers.items():
+    for cls, (instance, _) in worker_class_instances(config.cost).items():
+        count = workers[cls]
         if not count:
             continue
-        gpus = table.instance(config.cost.provider, instances[cls]).gpus
+        gpus = table.instance(config.cost.provider, instance).gpus
         nodes = -(-count // gpus)
-        lines.append(f"start {cls}: {nodes} x {instances[cls]} ({gpus} GPUs each), on each "
+        lines.append(f"start {cls}: {nodes} x {instance} ({gpus} GPUs each), on each "
                      f"`dask worker ADDR --resources \"{cls}=1\" --nworkers {min(gpus, count)} "
                      f"--nthreads 1`: a worker per GPU, each on a device of its own")
     return lines
@@ -89,7 +88,8 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
     # Spot workers explore while the gpu workers roll out and train; the iteration waits for
     # exploration only where it runs past that window.
     wall = max(gpu_s, by_stage["explore"].seconds)
-    prices = run_prices(config.cost)
+    table = load_prices(config.cost.prices)
+    prices = worker_class_prices(config.cost, table)
     workers = {"gpu": config.cluster.gpu_workers, "spot": config.cluster.spot_workers}
     hours = {cls: workers[cls] * wall / 3600 for cls in workers}
     cost = {cls: hours[cls] * prices[cls] for cls in workers}
@@ -111,7 +111,7 @@ def dry_run_report(config: RunConfig, gpu_speed: float = 1.0) -> str:
               "per iteration: " + ", ".join(
                   f"{cls} {hours[cls]:.3f} GPU-h ${cost[cls]:.2f} at ${prices[cls]:.2f}/GPU-h"
                   for cls in workers) + f"; total ${sum(cost.values()):.2f}",
-              plan_line, *node_lines(config, workers), "", "how:"]
+              plan_line, *node_lines(config, table, workers), "", "how:"]
     lines += [f"  {r.stage}: {r.how}" for r in rows]
     lines += ["  memory: weights (transformer + VAE + adapter) x bytes per weight; inference "
               f"activations of one block ({INFERENCE_ACTIVATIONS} x batch x tokens x width); "

@@ -29,7 +29,7 @@ from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
 
 
 @dataclass
-class GlooPeers:
+class GroupPeers:
     """This process's place in the training group
     (:class:`~spotlight.rl.trainer.DataParallelPeers`)."""
 
@@ -71,7 +71,7 @@ class TrainingSeat:
     """This worker's part in the training groups (a slot of its runtime)."""
 
     hosted: dict[int, dist.TCPStore] = field(default_factory=dict)   # epoch -> rendezvous it hosts
-    peers: dict[int, GlooPeers] = field(default_factory=dict)        # epoch -> its place in it
+    peers: dict[int, GroupPeers] = field(default_factory=dict)        # epoch -> its place in it
 
 
 def seat() -> TrainingSeat:
@@ -107,11 +107,11 @@ def join_training(epoch: int, rank: int, world: int, host: str, port: int,
     group = communicator(collective_backend(resolve_device(device)),
                          dist.PrefixStore(f"train-{epoch}", store), rank, world)
     mine.peers.clear()
-    mine.peers[epoch] = GlooPeers(group, rank, world)
+    mine.peers[epoch] = GroupPeers(group, rank, world)
     return time.perf_counter() - started
 
 
-def peers(epoch: int) -> GlooPeers:
+def peers(epoch: int) -> GroupPeers:
     joined = seat().peers
     if epoch not in joined:
         raise RuntimeError(f"executor is not in training group {epoch} (it is in "

@@ -15,8 +15,8 @@ one group, then another after a member is lost, then none (:func:`disable`) -- w
 group needs. The communication is ``torch.distributed`` (the executors use NCCL on CUDA and
 gloo on the CPU: :func:`spotlight.models.device.collective_backend`); each collective is an
 autograd function with its exact adjoint, so gradients flow too: with a loss summed over the
-members' shards, the members' parameter gradients sum to the
-single-process gradient (:func:`sum_gradients`).
+members' shards, the members' parameter gradients sum to the single-process gradient
+(:func:`sum_gradients`).
 """
 from __future__ import annotations
 

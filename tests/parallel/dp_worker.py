@@ -44,12 +44,12 @@ def member(rank: int, world: int, port: int, out_dir: str,
            objectives: tuple[str, ...] = ("flow-grpo",)) -> None:
     """Each objective's step alone and as this rank's share summed over one gloo group (the
     group is formed once: a process spawned per objective would pay its imports again)."""
-    from pipelines.parallel.training import GlooPeers
+    from pipelines.parallel.training import GroupPeers
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
                           timeout=timedelta(seconds=60))
-    peers = GlooPeers(dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
+    peers = GroupPeers(dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
                                             timedelta(seconds=60)), rank, world)
     for objective in objectives:
         torch.save(_summed_step(objective, peers, rank, world),

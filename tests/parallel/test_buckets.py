@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipelines.parallel.training import GlooPeers
+from pipelines.parallel.training import GroupPeers
 from spotlight.parallel.buckets import gradient_buckets
 
 
@@ -51,7 +51,7 @@ def summed_on_two_members(bucket_bytes: int) -> list[list[torch.Tensor]]:
         group = dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, 2,
                                       timedelta(seconds=60))
         tensors = gradients(rank)
-        GlooPeers(group, rank, 2, bucket_bytes).all_reduce(tensors)
+        GroupPeers(group, rank, 2, bucket_bytes).all_reduce(tensors)
         out[rank] = tensors
 
     threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
