@@ -61,6 +61,9 @@ SPECS = {
     "sp": BenchSpec(
         "pipelines.bench.sp", "elastic sequence parallelism: exactness, regroup against cold "
         "start, requests under kills", ("--devices", "--rounds")),
+    "sharded": BenchSpec(
+        "pipelines.bench.sharded", "sharded training (FSDP2) over the gpu workers: exact step, "
+        "memory per worker, resume on another worker count", ("--workers",)),
     "simulate": BenchSpec(
         "pipelines.bench.simulate", "paper-scale time and cost to target over a spot trace, "
         "validated against a measured run", ("--config", "--trace", "--run", "--set")),

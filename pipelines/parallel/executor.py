@@ -38,6 +38,7 @@ from pipelines.cluster.runtime import runtime
 from pipelines.run import tasks
 from spotlight.models.device import collective_backend, module_device
 from spotlight.parallel import ulysses
+from spotlight.parallel.process_groups import close_group, open_group
 from storage import RunStore
 
 # A join completes in milliseconds; a member that died before joining must not hold the
@@ -148,9 +149,9 @@ def join(epoch: int, rank: int, world: int, host: str, port: int, version: int) 
     leave()
     store = st.rendezvous if rank == 0 else dist.TCPStore(
         host, port, is_master=False, timeout=JOIN_TIMEOUT)
-    dist.init_process_group(collective_backend(module_device(st.model)),
-                            store=dist.PrefixStore(f"epoch-{epoch}", store),
-                            rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
+    device = module_device(st.model)
+    open_group(collective_backend(device), dist.PrefixStore(f"epoch-{epoch}", store), rank, world,
+               f"sp-{epoch}-{host}:{port}", JOIN_TIMEOUT, device, default=True)
     dist.distributed_c10d._set_pg_timeout(STEP_TIMEOUT)   # joined: collectives may wait longer
     if not st.run:   # a run's policy is shared with other tasks: switched per request
         ulysses.enable(st.model, dist.group.WORLD)
@@ -169,11 +170,11 @@ def leave(abort: bool = False) -> None:
     collector next runs (a peer hung for minutes, or not, depending on that)."""
     st = state()
     if dist.is_initialized():
-        if abort:   # what frees a NCCL communicator's peers
-            _abort(dist.distributed_c10d._get_default_group())
         if st.model is not None and not st.run:
             ulysses.disable(st.model)
-        dist.destroy_process_group()
+        # This group alone: a training group of the same process stays (destroying the
+        # default group the usual way shuts down every group the process has).
+        close_group(dist.group.WORLD, abort=abort)
         gc.collect()
     st.epoch = None
 
@@ -225,13 +226,6 @@ def forward(epoch: int, inputs: dict) -> torch.Tensor | None:
 def holds() -> int | None:
     """The weights version this executor holds (None: none)."""
     return state().version
-
-
-def _abort(group) -> None:
-    try:
-        group.abort()
-    except (RuntimeError, NotImplementedError):   # a backend without abort: shut it down
-        group.shutdown()
 
 
 @contextmanager

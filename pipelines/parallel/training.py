@@ -15,6 +15,7 @@ again from the stored version on the rebuilt group.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -22,10 +23,11 @@ import torch
 import torch.distributed as dist
 
 from pipelines.cluster.runtime import runtime
-from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _abort, _own_host
+from pipelines.parallel.executor import JOIN_TIMEOUT, STEP_TIMEOUT, _own_host
 from pipelines.parallel.groups import ExecutorGone, await_pinned
 from spotlight.models.device import collective_backend, resolve_device
 from spotlight.parallel.buckets import DEFAULT_BUCKET_BYTES, gradient_buckets
+from spotlight.parallel.process_groups import close_group, open_group
 
 
 @dataclass
@@ -50,19 +52,23 @@ class GroupPeers:
             try:
                 self.group.allreduce([flat]).wait()
             except BaseException:
-                # This member leaves at once: a peer blocked on it fails too instead of
-                # waiting out the timeout, and the driver forms the group anew. Only the
-                # communicator's destruction closes its connections (abort does not), and
-                # the error Dask keeps holds this object: drop the reference here.
-                seat().peers.clear()
-                group, self.group = self.group, None
-                _abort(group)
-                del group
+                self.leave()
                 raise
             offset = 0
             for t in same:
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
+
+    def leave(self) -> None:
+        """Leave the group at once (a collective failed): a peer blocked on this member fails
+        too instead of waiting out the timeout, and the driver forms the group anew. Only the
+        communicator's destruction closes its connections (abort does not), and the error Dask
+        keeps holds this object: the reference goes here."""
+        seat().peers.clear()
+        group, self.group = self.group, None
+        close_group(group, abort=True)
+        del group
+        gc.collect()
 
 
 # --- executor side (tasks pinned to one worker) ------------------------------------------------
@@ -86,14 +92,14 @@ def open_training_rendezvous(epoch: int) -> tuple[str, int]:
     return host, hosted[epoch].port
 
 
-def communicator(backend: str, store, rank: int, world: int):
-    """A process group of ``backend`` ('gloo' or 'nccl') on ``store``, outside the default
-    group; a step's collective may wait ``STEP_TIMEOUT``."""
-    if backend == "nccl":
-        group = dist.ProcessGroupNCCL(store, rank, world)
-    else:
-        group = dist.ProcessGroupGloo(store, rank, world, JOIN_TIMEOUT)
-    group._set_default_timeout(STEP_TIMEOUT)
+def communicator(device: torch.device, store, rank: int, world: int,
+                 name: str) -> dist.ProcessGroup:
+    """A process group named ``name`` on ``store`` for tensors on ``device`` (NCCL on CUDA,
+    gloo on the CPU), registered with c10d but not the default group (an SP group may be); a
+    step's collective may wait ``STEP_TIMEOUT``."""
+    group = open_group(collective_backend(device), store, rank, world, name, JOIN_TIMEOUT,
+                       device)
+    dist.distributed_c10d._set_pg_timeout(STEP_TIMEOUT, group)   # joined: may wait longer
     return group
 
 
@@ -104,9 +110,13 @@ def join_training(epoch: int, rank: int, world: int, host: str, port: int,
     started, mine = time.perf_counter(), seat()
     store = mine.hosted[epoch] if rank == 0 else dist.TCPStore(host, port, is_master=False,
                                                                timeout=JOIN_TIMEOUT)
-    group = communicator(collective_backend(resolve_device(device)),
-                         dist.PrefixStore(f"train-{epoch}", store), rank, world)
+    for older in mine.peers.values():   # an older group's connections close now
+        close_group(older.group)
     mine.peers.clear()
+    gc.collect()
+    # Epochs count from 1 again under a new driver: the rendezvous makes the name unique.
+    group = communicator(resolve_device(device), dist.PrefixStore(f"train-{epoch}", store),
+                         rank, world, name=f"train-{epoch}-{host}:{port}")
     mine.peers[epoch] = GroupPeers(group, rank, world)
     return time.perf_counter() - started
 

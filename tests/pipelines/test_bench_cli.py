@@ -25,7 +25,7 @@ ELSEWHERE = {
     "stock-workers": "tests/pipelines/test_stock_cluster.py",
     "storage": "tests/pipelines/test_bench_storage.py",
 }
-HERE = ("overhead", "preemption", "simulate", "sp")
+HERE = ("overhead", "preemption", "sharded", "simulate", "sp")
 
 
 def test_every_registered_bench_has_a_quick_cli_test():
@@ -46,6 +46,25 @@ def test_bench_sp_quick_from_outside_the_repository(tmp_path, outside_repo):
     # The killed members' Dask messages are in the run's log, not on the console.
     assert "killed by signal 9" in open(result["dask_log"]).read()
     assert "distributed." not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_bench_sharded_quick_from_outside_the_repository(tmp_path, outside_repo):
+    """FSDP2 over the gpu workers' training group: the step a single process takes, each
+    member holding its share, and a checkpoint that resumes on another member count."""
+    result, done = run_quick_bench("sharded", [], outside_repo, tmp_path / "sharded.json",
+                                   timeout=540)
+    assert set(result["worlds"]) == {"2", "3"}
+    for world, size in result["worlds"].items():
+        assert size["max_abs_diff"] <= 1e-5, size   # fp32, summed in another order
+        assert len(size["bytes_per_rank"]) == int(world)
+        # Each holds its shard of everything (small replicated parts: the optimizer's steps).
+        assert 1 / int(world) <= size["bytes_per_rank_ratio"] < 1 / int(world) + 0.01, size
+    assert [(r["written_by"], r["resumed_by"]) for r in result["resume"]] == [(2, 3), (3, 2)]
+    for resumed in result["resume"]:
+        assert resumed["loaded_max_abs_diff"] == 0.0   # the round trip is exact
+        assert resumed["max_abs_diff"] <= 1e-6, resumed   # the next step: the sum's order
+    assert [e["action"] for e in result["training_group"]] == ["form-training"] * 3
+    assert "Traceback" not in done.stderr and "FSDP2" not in done.stderr, done.stderr
 
 
 def test_bench_overhead_quick_from_outside_the_repository(tiny_run_yaml, tmp_path,
