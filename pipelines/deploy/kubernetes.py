@@ -10,7 +10,9 @@ a Kubernetes secret mounted at :data:`TLS_MOUNT`.
 
 Workers run without a nanny: the kubelet sends SIGTERM to the container's main process only,
 and that must be the worker itself, whose preemption watch hands its requests back on
-SIGTERM (a nanny would close it instead); Kubernetes restarts a worker that exits.
+SIGTERM (a nanny would close it instead); Kubernetes restarts a worker that exits. A pod of
+several GPUs (``gpus_per_worker`` > 1) runs a worker per GPU under
+:mod:`pipelines.cluster.node`, which passes the signal on to each and restarts one that dies.
 
 Only plain data is built here (dicts, written as YAML); nothing talks to a cluster.
 """
@@ -114,27 +116,34 @@ def _env(pairs: dict[str, str]) -> list[dict]:
 
 
 def worker_args(opts: KubeOptions, worker_class: str) -> list[str]:
-    """The worker container's command line (the image's entry point runs it)."""
-    return ["dask", "worker", "$(DASK_SCHEDULER_ADDRESS)", "--name", "$(DASK_WORKER_NAME)",
-            "--nthreads", str(opts.threads), "--no-nanny",
-            "--resources", f"{worker_class}=1", "--preload", PRELOAD,
-            "--dashboard-address", f":{WORKER_DASHBOARD_PORT}", *_tls_args(opts)]
+    """The worker container's command line (the image's entry point runs it). A pod of several
+    GPUs runs a worker per GPU under :mod:`pipelines.cluster.node` (the container's main
+    process, which passes the kubelet's SIGTERM on to each)."""
+    options = ["$(DASK_SCHEDULER_ADDRESS)", "--name", "$(DASK_WORKER_NAME)",
+               "--nthreads", str(opts.threads), "--resources", f"{worker_class}=1",
+               "--preload", PRELOAD, "--dashboard-address", f":{WORKER_DASHBOARD_PORT}",
+               *_tls_args(opts)]
+    if opts.gpus_per_worker > 1:
+        return ["python", "-m", "pipelines.cluster.node", "--workers",
+                str(opts.gpus_per_worker), "--", *options]
+    return ["dask", "worker", *options, "--no-nanny"]
 
 
 def _worker_container(opts: KubeOptions, worker_class: str) -> dict:
     threads = str(opts.threads)
+    cpus = str(opts.threads * max(1, opts.gpus_per_worker))   # each GPU's worker its threads
     env = {"DASK_SCHEDULER_ADDRESS": opts.scheduler_address,   # the operator's would be tcp://
            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
            ENV["clouds"]: opts.spot_nodes.cloud, **opts.plugin_env}
     limits: dict = {GPU_RESOURCE: opts.gpus_per_worker} if opts.gpus_per_worker else {}
-    requests: dict = {"cpu": threads}
+    requests: dict = {"cpu": cpus}
     if opts.memory:
         limits["memory"] = requests["memory"] = opts.memory
     container = {"name": "worker", "image": opts.image, "imagePullPolicy": "IfNotPresent",
                  "args": worker_args(opts, worker_class), "env": _env(env),
                  "resources": {"requests": requests, **({"limits": limits} if limits else {})},
                  "ports": [{"name": "http-dashboard", "containerPort": WORKER_DASHBOARD_PORT,
-                            "protocol": "TCP"}]}
+                            "protocol": "TCP"}]}   # the first worker's (the others: +1, +2...)
     if opts.env_secret:
         container["envFrom"] = [{"secretRef": {"name": opts.env_secret}}]
     if opts.tls_secret:

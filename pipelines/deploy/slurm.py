@@ -2,7 +2,8 @@
 
 One script per class: ``gpu`` workers on an on-demand partition, ``spot`` workers on a
 preemptible one. Each is a job array (one worker per array task) of stock ``dask worker``
-processes that join a scheduler you start yourself, with the class in ``--resources``. A spot
+processes that join a scheduler you start yourself, with the class in ``--resources`` -- a
+worker per GPU where a job has several (:mod:`pipelines.cluster.node`). A spot
 job is requeued when preempted, so the pool refills when capacity returns; SLURM's SIGTERM
 before the kill reaches the worker itself (no nanny), whose preemption watch hands its
 requests back. dask-jobqueue (``pip install -e '.[deploy]'`` in the checkout) only formats the
@@ -102,11 +103,16 @@ def job_script(opts: SlurmOptions, worker_class: str) -> str:
     if opts.clouds:
         prologue.append(f"export {ENV['clouds']}={opts.clouds}")
         extra += ["--preload", PRELOAD]
+    # A job of several GPUs runs a worker per GPU under pipelines.cluster.node (no nanny, the
+    # signal passed on to each); dask-jobqueue splits the job's cores and memory between them.
+    per_job = max(1, opts.gpus_per_worker)
+    node = {} if per_job == 1 else {
+        "worker_command": f"pipelines.cluster.node --workers {per_job} --"}
     job = SLURMJob(
         scheduler=opts.scheduler, name=f"spotlight-{worker_class}-${{SLURM_JOB_ID}}",
         job_name=f"spotlight-{worker_class}", queue=opts.partition(worker_class),
-        account=opts.account or None, walltime=opts.walltime, cores=opts.threads,
-        job_cpu=opts.cpus or None, memory=opts.memory, processes=1, nanny=False,
+        account=opts.account or None, walltime=opts.walltime, cores=opts.threads * per_job,
+        job_cpu=opts.cpus or None, memory=opts.memory, processes=per_job, nanny=False, **node,
         security=_security(opts), python=opts.python, worker_extra_args=extra,
         job_extra_directives=_directives(opts, worker_class), job_script_prologue=prologue,
         job_directives_skip=(), shebang="#!/usr/bin/env bash", log_directory=None)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.cluster.node import worker_command
 from pipelines.deploy.kubernetes import (
     API_VERSION,
     PRELOAD,
@@ -163,6 +164,27 @@ def test_a_custom_spot_label_and_no_tls(tmp_path):
         "tcp://run-7-scheduler.ml.svc.cluster.local:8786"
     assert "--protocol" not in _container(cluster["spec"]["scheduler"])["args"]
     assert _load(write_manifests(opts, tmp_path)) == [cluster, spot]
+
+
+def test_a_pod_of_eight_gpus_runs_a_worker_per_gpu_under_the_node_launcher():
+    """The container's main process is pipelines.cluster.node (it passes the kubelet's SIGTERM
+    on to each worker); each worker it starts is a stock `dask worker` without a nanny, under a
+    name and dashboard port of its own."""
+    opts = KubeOptions(image="img", spot_nodes=SpotNodes("aws", "pool", "spot"), threads=2,
+                       gpus_per_worker=8, tls_secret="")
+    cluster, _ = manifests(opts)
+    container = _container(cluster["spec"]["worker"])
+    assert container["args"][:6] == ["python", "-m", "pipelines.cluster.node", "--workers", "8",
+                                     "--"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert container["resources"]["requests"]["cpu"] == "16"   # 2 threads for each worker
+    command = worker_command(container["args"][6:], 3)
+    assert command[1:3] == ["-m", "distributed.cli.dask_worker"]
+    options = worker_options(command[3:])
+    assert options["nanny"] is False and options["nthreads"] == 2
+    assert options["name"] == "$(DASK_WORKER_NAME)-3"
+    assert options["dashboard_address"] == ":8791"   # 8788 + 3
+    assert options["resources"] == "gpu=1" and options["preload"] == (PRELOAD,)
 
 
 @pytest.mark.parametrize("argv,needle", [

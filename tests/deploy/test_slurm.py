@@ -14,6 +14,7 @@ import dask_jobqueue.core
 import distributed
 import pytest
 
+from pipelines.cluster.node import worker_command
 from pipelines.deploy.slurm import PRELOAD, TLS_FILES, SlurmOptions, job_script, scheduler_command
 from tests.deploy.conftest import worker_options
 
@@ -120,6 +121,27 @@ def test_in_a_cloud_the_workers_also_watch_its_metadata(tmp_path):
     assert not any(d.startswith("--gres") for d in _lines(script, "#SBATCH"))
     assert scheduler_command(opts) == ("dask scheduler --host login --port 8786 "
                                        "--preload pipelines.observe.dashboard_page")
+
+
+def test_a_job_of_four_gpus_runs_a_worker_per_gpu_under_the_node_launcher(tmp_path):
+    """No `--nworkers` (it needs nannies, which would take SLURM's SIGTERM from the workers):
+    pipelines.cluster.node starts four stock workers, the job's cores and memory split."""
+    opts = SlurmOptions(scheduler="tcp://login:8786", gpus_per_worker=4, threads=2,
+                        memory="64GB", python="python3", log_dir=str(tmp_path))
+    with nothing_starts():
+        script = job_script(opts, "gpu")
+    assert "--gres=gpu:4" in _lines(script, "#SBATCH")
+    assert "--cpus-per-task=8" in _lines(script, "#SBATCH")
+    (line,) = [line for line in script.splitlines() if "pipelines.cluster.node" in line]
+    argv = shlex.split(line)
+    assert argv[:6] == ["python3", "-m", "pipelines.cluster.node", "--workers", "4", "--"]
+    assert "--nworkers" not in argv
+    command = worker_command(argv[6:], 2)
+    options = worker_options(command[3:])
+    assert options["scheduler"] == "tcp://login:8786" and options["nthreads"] == 2
+    assert options["nanny"] is False and options["resources"] == "gpu=1"
+    assert options["name"] == "spotlight-gpu-${SLURM_JOB_ID}-2"
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
 def test_no_spot_workers_writes_only_the_gpu_script(tmp_path, spotlight):

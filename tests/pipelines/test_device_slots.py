@@ -125,3 +125,46 @@ def test_stock_workers_started_as_on_a_gpu_vm_each_take_a_device(tmp_path):
     finally:
         for proc in procs:
             kill_tree(proc)
+
+
+def test_the_node_launcher_runs_a_worker_per_gpu_and_passes_sigterm_on(tmp_path):
+    """A pod's or SLURM job's main process (`python -m pipelines.cluster.node --workers 3`):
+    three stock workers without nannies, each on its own device; one SIGKILLed is started
+    again; the launcher's SIGTERM reaches every worker, and all of them end."""
+    from distributed import Client
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", str(port), "--no-dashboard"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    node = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cluster.node", "--workers", "3", "--", address,
+         "--name", "node7", "--resources", "gpu=1", "--nthreads", "1", "--no-dashboard"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(3, timeout=120)
+            names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+            assert names == {"node7-0", "node7-1", "node7-2"}
+            register_worker_setup(client, ClusterConfig(scheduler=address, devices_per_node=3),
+                                  embedded=False)
+            assert sorted(_slots(client).values()) == [0, 1, 2]
+            pids = client.run(os.getpid)
+            victim = sorted(pids)[0]
+            os.kill(pids[victim], signal.SIGKILL)
+            deadline = time.monotonic() + 120
+            while len(live_workers(client)) != 3 or victim in live_workers(client):
+                assert time.monotonic() < deadline, "the launcher did not start another worker"
+                time.sleep(0.2)
+            survivors = set(client.run(os.getpid).values())
+            os.kill(node.pid, signal.SIGTERM)
+            assert node.wait(timeout=120) == 0
+        for pid in survivors:   # every worker ended with its launcher
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        kill_tree(node)
+        kill_tree(scheduler)
