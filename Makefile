@@ -25,7 +25,10 @@ demo: $(STAMP)
 # older modules and functions over the size limits tests/test_code_shape.py enforces.
 FORMATTED := spotlight/iteration tests/iteration pipelines/run/recording.py \
 	pipelines/run/inprocess.py tests/rl/loop.py tests/parallel/in_place_training.py \
-	tests/deploy/test_certificates.py
+	tests/deploy/test_certificates.py spotlight/models/sd35 \
+	spotlight/models/diffusers_parts.py spotlight/models/diffusers_policy.py \
+	spotlight/config/model.py tests/models/test_sd35.py tests/models/diffusers_checks.py \
+	tests/pipelines/test_sd35_run.py
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check $(FORMATTED)

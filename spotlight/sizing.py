@@ -14,6 +14,14 @@ image); the token exponent joins the measured 512² and 1280² rollout steps (at
 term shows). A LoRA training step (forward + backward, the frozen weights get no gradient) costs
 2.4 forwards (measured 2.29 at 512², 2.49 at 1280²); full fine-tuning 3, the textbook figure.
 Other GPUs: scale by ``gpu_speed``.
+
+Other transformers (SD3.5-Medium) are predicted from the same measurement, scaled by their work
+per pass against the measured one's at the same image tokens (:func:`work_scale`): matmul FLOPs
+(2 x parameters x joint tokens) plus attention's (4 x layers x width x joint tokens²), where the
+joint sequence is the image tokens and the prompt tokens the transformer attends to (SD3.5
+always 333: CLIP's 77 and T5's 256, padded). This assumes the measured efficiency carries over;
+a narrower model runs its matmuls less efficiently at small batches, so expect it to be slower
+than predicted at batch 1 and closer at the rollout's batches.
 """
 from __future__ import annotations
 
@@ -30,6 +38,12 @@ ADAPTER_TRAIN_FORWARDS = 2.4   # LoRA: no weight gradients for frozen weights (H
 # 21.0-23.9 over five shapes from 512² b16 to 1536² b2 (12, a count of the block's tensors,
 # left the 1280² rollout 14% short).
 INFERENCE_ACTIVATIONS = 23
+# The transformer the timing was measured on: QwenImageTransformer2DModel at its published
+# configuration, with 256 prompt tokens (the check's text embedding, ModelSize's default).
+CALIBRATED_PARAMS = 20_430_401_088
+CALIBRATED_LAYERS = 60
+CALIBRATED_HIDDEN = 3072
+CALIBRATED_TEXT_TOKENS = 256
 GPU_MEMORY_GIB = 80.0      # an H100's memory: the dry run flags stages that need more
 GIB = 1024 ** 3
 
@@ -47,7 +61,7 @@ class ModelSize:
     layers: int
     latent_channels: int        # packed latent channels per token
     image_tokens: int           # packed latent tokens per image at the run's resolution
-    text_tokens: int = 256      # prompt tokens assumed for activations
+    text_tokens: int = 256      # prompt tokens in the joint sequence (activations, work)
 
 
 @dataclass(frozen=True)
@@ -59,9 +73,27 @@ class Estimate:
     how: str
 
 
-def forward_s(tokens: int, batch: int, gpu_speed: float = 1.0) -> float:
-    """Seconds of one transformer pass over ``batch`` images of ``tokens`` image tokens."""
-    return FORWARD_1024_S * (tokens / 1024) ** TOKEN_EXPONENT * batch ** BATCH_EXPONENT / gpu_speed
+def pass_flops(params: int, layers: int, hidden: int, tokens: int) -> float:
+    """FLOPs of one transformer pass over a joint sequence of ``tokens``: every weight's
+    multiply-add per token, and attention's scores and weighted sum in every layer."""
+    return 2.0 * params * tokens + 4.0 * layers * hidden * tokens ** 2
+
+
+def work_scale(size: ModelSize) -> float:
+    """A pass of ``size``'s transformer as a multiple of the measured one's at the same image
+    tokens (1 for Qwen-Image at its published size)."""
+    mine = pass_flops(size.transformer, size.layers, size.hidden,
+                      size.image_tokens + size.text_tokens)
+    measured = pass_flops(CALIBRATED_PARAMS, CALIBRATED_LAYERS, CALIBRATED_HIDDEN,
+                          size.image_tokens + CALIBRATED_TEXT_TOKENS)
+    return mine / measured
+
+
+def forward_s(tokens: int, batch: int, gpu_speed: float = 1.0, work: float = 1.0) -> float:
+    """Seconds of one transformer pass over ``batch`` images of ``tokens`` image tokens, for a
+    transformer doing ``work`` times the measured one's (:func:`work_scale`)."""
+    return (FORWARD_1024_S * (tokens / 1024) ** TOKEN_EXPONENT * batch ** BATCH_EXPONENT * work
+            / gpu_speed)
 
 
 def inference_memory_gib(size: ModelSize, batch: int, steps: int, keep_trajectory: bool) -> float:
@@ -95,7 +127,7 @@ def explore_seconds(size: ModelSize, prompts: int, candidates: int, steps: int, 
         return 0.0
     passes = 2 if cfg else 1
     return (math.ceil(prompts * candidates / batch) * steps * passes
-            * forward_s(size.image_tokens, batch, gpu_speed) / spot_workers)
+            * forward_s(size.image_tokens, batch, gpu_speed, work_scale(size)) / spot_workers)
 
 
 def best_fitting_arm(size: ModelSize, arms: list[tuple[int, int]], window_s: float, *,
@@ -118,8 +150,9 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
     passes = 2 if cfg else 1
     samples = prompts * group
     rollout_batch = max(1, min(samples, group * request_prompts))   # one rollout request
+    work = work_scale(size)
     rollout_s = (math.ceil(samples / rollout_batch) * steps * passes
-                 * forward_s(size.image_tokens, rollout_batch, gpu_speed) / gpu_workers)
+                 * forward_s(size.image_tokens, rollout_batch, gpu_speed, work) / gpu_workers)
     explore_n = prompts * candidates
     explore_s = explore_seconds(size, prompts, candidates, explore_steps, explore_batch, cfg,
                                 spot_workers, gpu_speed)
@@ -128,9 +161,11 @@ def iteration_estimates(size: ModelSize, *, prompts: int, group: int, steps: int
     adapter = size.trainable < size.transformer
     forwards = (ADAPTER_TRAIN_FORWARDS if adapter else TRAIN_FORWARDS) + checkpointing + reference
     train_s = (math.ceil(samples / micro_batch) * trained_steps * forwards * passes
-               * forward_s(size.image_tokens, micro_batch, gpu_speed) / gpu_workers)
+               * forward_s(size.image_tokens, micro_batch, gpu_speed, work) / gpu_workers)
+    scaled = "" if round(work, 3) == 1 else \
+        f" x {work:.3f} (this transformer's FLOPs per pass / the measured Qwen-Image's)"
     fwd = f"forward = {FORWARD_1024_S * 1000:.0f} ms x (tokens/1024)^{TOKEN_EXPONENT} x batch^" \
-          f"{BATCH_EXPONENT} / gpu_speed"
+          f"{BATCH_EXPONENT} / gpu_speed{scaled}"
     return [
         Estimate("rollout", "gpu", inference_memory_gib(size, rollout_batch, steps, True),
                  rollout_s, f"{samples} samples x {steps} steps x {passes} passes in batches of "

@@ -2,7 +2,9 @@
 
 Layout: ``checkpoints/iter-000012/weights.safetensors`` and, with an optimizer,
 ``optimizer.safetensors`` (its tensors flattened to dotted names, the non-tensor structure as
-JSON in the safetensors metadata). Nothing is unpickled: safetensors holds raw tensors and JSON.
+JSON in the safetensors metadata) -- or, trained sharded, ``optimizer-shards/`` (a
+``torch.distributed.checkpoint`` folder, named in the record's metadata). Nothing is
+unpickled: safetensors holds raw tensors and JSON.
 
 A checkpoint exists only once its manifest record exists, so an interrupted write never becomes
 the latest; re-saving an iteration first withdraws its old record. Loading verifies every
@@ -23,6 +25,9 @@ from .urls import RunLocation
 
 WEIGHTS = "weights.safetensors"
 OPTIMIZER = "optimizer.safetensors"
+# Sharded training's optimizer state: one torch.distributed.checkpoint folder that every member
+# of the training group writes its shards to (pipelines/run/sharded_train.py).
+OPTIMIZER_SHARDS = "optimizer-shards"
 _META_KEY = "spotlight"
 
 
@@ -122,6 +127,10 @@ class CheckpointStore:
 
     def _parts(self, iteration: int, name: str) -> tuple[str, str, str]:
         return "checkpoints", iteration_dir(iteration), name
+
+    def shards_url(self, iteration: int) -> str:
+        """The folder of checkpoint ``iteration``'s optimizer shards (sharded training)."""
+        return self.location.child_url(*self._parts(iteration, OPTIMIZER_SHARDS))
 
     def save(self, iteration: int, weights: Mapping[str, Any], optimizer_state: Any = None, *,
              weights_version: int | None = None, metadata: dict | None = None) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -109,9 +108,6 @@ def sharded_step(epoch: int, spec: ShardedStep) -> dict:
     gradients and weights, and the bytes each member holds."""
     peers = training.peers(epoch)
     torch.set_num_threads(1)
-    # The transformer returns its output as a view; the loss uses it out of place, as FSDP2
-    # asks of a view (its warning would print on every step).
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     with as_default(peers.group):
         model = model_of()
         shard_module(model, peers.group, model.transformer_blocks)

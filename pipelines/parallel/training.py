@@ -39,6 +39,7 @@ class GroupPeers:
     rank: int
     world: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    sharded: bool = False   # the gradients are whole on every member (data-parallel)
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> None:
         """Sum every tensor over the group in place: one collective per bucket (tensors of one

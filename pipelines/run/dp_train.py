@@ -35,10 +35,17 @@ def data_parallel(ctx: StageContext) -> bool:
 def dp_train(ctx: StageContext, request: tasks.TrainRequest) -> dict:
     """The step on every gpu worker at once; rank 0's result (what :func:`tasks.train_task`
     returns)."""
+    return on_training_group(ctx, dp_train_task, request)
+
+
+def on_training_group(ctx: StageContext, task, request: tasks.TrainRequest) -> dict:
+    """``task(epoch, config, store, request)`` on every gpu worker at once, over the run's
+    training group (formed on first use, and anew when the gpu workers change); rank 0's
+    result."""
     carried = ctx.carried
     if carried.training_group is None:
         carried.training_group = training.TrainingGroup(ctx.cluster.client,
                                                         ctx.config.model.device)
     ctx.check_running()
-    return carried.training_group.run(lambda: gpu_workers(ctx), dp_train_task, ctx.config,
-                                       ctx.store, request)
+    return carried.training_group.run(lambda: gpu_workers(ctx), task, ctx.config, ctx.store,
+                                      request)

@@ -35,6 +35,7 @@ from pipelines.run.rollout import (
     finish_rollout,
     rollout_requests,
 )
+from pipelines.run.sharded_train import sharded_train
 from pipelines.run.sp_rollout import SPGroupsBackend
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (
@@ -339,7 +340,9 @@ class Driver:
         k, where = r.iteration, self.worker_class("train")
         self.store.checkpoints.withdraw(k + 1)   # a crash may have left one half-recorded
         request = tasks.TrainRequest(k, r.prompts, r.rewards, r.advantages, k)
-        if data_parallel(self):   # every gpu worker takes the step (rank 0's state is saved)
+        if self.config.parallel.shard_training:   # over every gpu worker, each with a shard
+            trained = sharded_train(self, request)
+        elif data_parallel(self):   # every gpu worker takes the step (rank 0's state is saved)
             trained = dp_train(self, request)
         else:
             trained = self.submit(tasks.train_task, self.config, self.store,

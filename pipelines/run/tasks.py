@@ -39,6 +39,7 @@ from spotlight.rl.trainer import FlowGRPO, Rollout, mark_trainable, sample_keys
 from spotlight.rl.validation import validate
 from storage import RunStore
 from storage.attempts import FIRST, Attempt
+from storage.checkpoints import OPTIMIZER_SHARDS
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class WorkerContext:
         self.reward_fn = build_reward(config.reward)
         self.trainer: FlowGRPO | None = None
         self.trainer_version: int | None = None
+        self.sharded_trainer: FlowGRPO | None = None   # parallel.shard_training's
         self.rollouts: dict[int, RolloutOutput] = {}
         self.lock = threading.Lock()
 
@@ -129,6 +131,11 @@ class WorkerContext:
             self.trainer_version = 0 if self.version == 0 else None
         if self.trainer_version != version or self.version != version:
             checkpoint = self.store.load_checkpoint(version)
+            if checkpoint.metadata.get("optimizer") == OPTIMIZER_SHARDS:
+                raise RuntimeError(
+                    f"checkpoint {version} of {self.store.url} was trained with "
+                    "parallel.shard_training: its optimizer state is in shards. Continue the "
+                    "run with parallel.shard_training: true")
             self.policy.load_state_dict(checkpoint.weights)
             self.trainer.load_optimizer_state(checkpoint.optimizer_state)
             self.version = self.trainer_version = version
@@ -282,7 +289,8 @@ def checkpoint_task(config: RunConfig, store: RunStore, trained: dict, iteration
     ``checkpoint`` record is committed by the driver, the manifest's only writer."""
     start = time.time()
     saved = store.write_checkpoint(version + 1, trained["weights"], trained["optimizer_state"],
-                                   metadata={"trained_in_iteration": iteration})
+                                   metadata={"trained_in_iteration": iteration,
+                                             **trained.get("checkpoint_metadata", {})})
     return {"stats": trained["stats"], "checkpoint": saved,
             "records": [trained["record"],
                         task_record("checkpoint", iteration, start, version + 1)]}

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from spotlight.config.base import ConfigError, Validated, build, replaced, spec, without_retired
+from spotlight.config.model import ModelConfig
 from spotlight.config.objective import ObjectiveConfig
 from spotlight.config.sections import (
     MARKETS,
@@ -34,7 +35,6 @@ from spotlight.config.sections import (
     FidelityConfig,
     GRPOConfig,
     InjectorConfig,
-    ModelConfig,
     ParallelConfig,
     PlacementConfig,
     PlannerConfig,
@@ -173,6 +173,7 @@ def check_run(config: "RunConfig") -> None:
             f"window's end and num_steps")
     _check_planner_arms(config)
     _check_sequence_parallel(config)
+    _check_shard_training(config)
     if mode.hybrid_rollout and "spot" not in config.placed("rollout"):
         raise ConfigError(f"mode '{mode}' rolls out on spot workers too, but placement.rollout "
                           f"= {config.placement.rollout}; set placement.rollout: [gpu, spot] "
@@ -191,6 +192,23 @@ def rollout_sp_degree(config: "RunConfig") -> int:
     height = config.model.height or config.world.canvas_height
     width = config.model.width or config.world.canvas_width
     return config.parallel.degree(height, width)
+
+
+def _check_shard_training(config: "RunConfig") -> None:
+    """Sharded training runs the model's own collectives in each forward and backward, so every
+    member must compute the same passes: the Flow-GRPO step does (a member without rows takes
+    a zero-weighted one); the NFT objective's pass over the old weights goes by each member's
+    rows, and a trainable text encoder would stay whole."""
+    if not config.parallel.shard_training:
+        return
+    if config.objective.kind != "flow-grpo":
+        raise ConfigError(f"parallel.shard_training trains the flow-grpo objective only; "
+                          f"objective.kind is {config.objective.kind!r}. Set objective.kind: "
+                          "flow-grpo, or parallel.shard_training: false (data_parallel: true "
+                          "trains any objective over the gpu workers)")
+    if config.grpo.trainable != "transformer":
+        raise ConfigError(f"parallel.shard_training shards the transformer; grpo.trainable is "
+                          f"{config.grpo.trainable!r}. Set grpo.trainable: transformer")
 
 
 def _check_sequence_parallel(config: "RunConfig") -> None:

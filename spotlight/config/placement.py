@@ -1,6 +1,6 @@
 """Where a model's tensors live: ``model.device`` (with ``model.dtype``, what a worker builds).
 
-The field sits in a base class of :class:`spotlight.config.sections.ModelConfig`, so a config
+The field sits in a base class of :class:`spotlight.config.model.ModelConfig`, so a config
 still reads ``model.device`` beside ``model.dtype``. The name is only checked here; whether
 the device exists is a worker's question (the driver of a run often has no GPU at all), asked
 when the worker builds its policy (:func:`spotlight.models.device.resolve_device`).
@@ -20,8 +20,8 @@ class DevicePlacement(Validated):
     """The device of a model's weights and of every tensor its steps make."""
 
     device: str = spec("auto", "Device of the policy's weights and of every tensor of its "
-                       "denoising and training steps (policy 'qwen-image'): 'auto' = 'cuda' "
-                       "where the worker has a GPU, else 'cpu'; or 'cuda', 'cuda:N', 'cpu' "
+                       "denoising and training steps (policies 'qwen-image', 'sd3.5'): 'auto' = "
+                       "'cuda' where the worker has a GPU, else 'cpu'; or 'cuda', 'cuda:N', 'cpu' "
                        "('meta': shapes only, for tests). With model.dtype 'auto' a CUDA device "
                        "runs bfloat16.")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spotlight.config.base import ConfigError, Validated, spec
-from spotlight.config.placement import DevicePlacement
 from spotlight.config.reward_service import RewardServiceConfig
 
 
@@ -38,60 +37,6 @@ class WorldConfig(Validated):
         if self.task == "geneval" and (self.canvas_height < 20 or self.canvas_width < 32):
             raise ConfigError("WorldConfig canvas must be at least 20x32 for 'geneval' "
                               "(two rows of three object slots)")
-
-
-@dataclass(kw_only=True, frozen=True)
-class ModelConfig(DevicePlacement):
-    """The policy: a tiny QwenImageTransformer2DModel plus a word-level prompt encoder."""
-
-    policy: str = spec("digits", "Registered policy the workers build (spotlight.models.base: "
-                                 "POLICIES); 'digits' is the embedded world's.")
-    num_layers: int = spec(4, "Transformer blocks.", range=(1, 64))
-    num_attention_heads: int = spec(2, "Attention heads.", range=(1, 64))
-    attention_head_dim: int = spec(32, "Width of one head; must be divisible by 8 (RoPE axes).",
-                                   range=(8, 256))
-    text_dim: int = spec(64, "Prompt-encoder width (the transformer's joint_attention_dim).",
-                         range=(8, 4096))
-    text_layers: int = spec(2, "Prompt-encoder transformer layers.", range=(0, 12))
-    prediction: str = spec("sample", "What the transformer outputs: 'sample' (clean canvas, "
-                           "converted to velocity) or 'velocity'.", choices=("sample", "velocity"))
-    max_prompt_tokens: int = spec(24, "Prompt tokens kept after word/digit tokenisation.",
-                                  range=(4, 256))
-    weights: str = spec("", "Qwen-Image weights (policy 'qwen-image') in diffusers' layout: a "
-                        "folder, an object-storage URL, a Hugging Face Hub id (Qwen/Qwen-Image or "
-                        "Qwen/Qwen-Image@<revision>), or 'tiny' (tiny random, built offline).")
-    lora_rank: int = spec(16, "LoRA rank on the transformer (policy 'qwen-image'); 0 trains every "
-                          "transformer weight instead.", range=(0, 1024))
-    lora_alpha: float = spec(16.0, "LoRA alpha: the adapter's output is scaled by alpha / rank.",
-                             range=(0.0, 4096.0))
-    lora_targets: list[str] = spec(
-        ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
-         "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj",
-         "txt_mlp.net.2"],
-        "Transformer modules that get a LoRA adapter (names or name suffixes): the joint-attention "
-        "projections and the image/text MLPs.")
-    dtype: str = spec("auto", "Weights dtype (policy 'qwen-image'): 'auto' = bfloat16 on GPU, "
-                      "float32 on CPU.", choices=("auto", "float32", "bfloat16", "float16"))
-    height: int = spec(0, "Image height (policy 'qwen-image'); 0 = world.canvas_height.",
-                       range=(0, 4096))
-    width: int = spec(0, "Image width (policy 'qwen-image'); 0 = world.canvas_width.",
-                      range=(0, 4096))
-    true_cfg: float = spec(1.0, "True classifier-free guidance scale (policy 'qwen-image'): above "
-                           "1 every step runs the transformer twice, on the prompt and on "
-                           "model.negative_prompt, and combines them as QwenImagePipeline does.",
-                           range=(1.0, 20.0))
-    negative_prompt: str = spec(" ", "The negative prompt of true CFG (model.true_cfg > 1).")
-    gradient_checkpointing: bool = spec(False, "Recompute each transformer block in the backward "
-                                        "pass (policy 'qwen-image'): training keeps only the "
-                                        "blocks' inputs, for about one more forward per step.")
-
-    def validate(self) -> None:
-        if self.policy == "qwen-image" and not self.weights:
-            raise ConfigError("model.weights is empty, but model.policy 'qwen-image' loads its "
-                              "components from it; set a folder, a URL, a Hub id or 'tiny'")
-        if self.attention_head_dim % 8:
-            raise ConfigError(f"ModelConfig.attention_head_dim = {self.attention_head_dim} must be "
-                              "divisible by 8 (split across three RoPE axes)")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -471,6 +416,12 @@ class ParallelConfig(Validated):
     data_parallel: bool = spec(False, "Train on every gpu worker at once: each computes its "
                                "share of every micro-batch and the gradients are summed over "
                                "them (NCCL on CUDA, gloo on CPU): the single-worker step.")
+    shard_training: bool = spec(False, "Train sharded over every gpu worker (FSDP2): each holds "
+                                "1/N of the trained weights, their gradients and the optimizer "
+                                "state, and the optimizer state is checkpointed as shards; the "
+                                "step is the data-parallel one. For full fine-tuning "
+                                "(lora_rank 0) of a model whose training state does not fit one "
+                                "device. Objective flow-grpo, grpo.trainable 'transformer'.")
 
     def validate(self) -> None:
         seen: set[tuple[int, int]] = set()

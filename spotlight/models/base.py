@@ -98,7 +98,9 @@ heavy dependencies imported only where used); each registration fills in its par
 _SHIPPED = {"digits": ("spotlight.models.pretrain",),   # the policy, and its pretrained base
             "qwen-image": ("spotlight.models.qwen_image.policy",
                            "spotlight.models.qwen_image.check",
-                           "spotlight.models.qwen_image.sizing")}
+                           "spotlight.models.qwen_image.sizing"),
+            "sd3.5": ("spotlight.models.sd35.policy", "spotlight.models.sd35.check",
+                      "spotlight.models.sd35.sizing")}
 
 
 def _fill(name: str, part: str, value: Any) -> None:
@@ -194,6 +196,6 @@ def build_policy(config: Any) -> Policy:
 
 def base_policy(config: Any, progress: bool = True) -> Policy:
     """The base model of ``config`` -- what a run's checkpoint 0 holds: pretrained (digits,
-    cached), or loaded from its weights with a fresh adapter (qwen-image)."""
+    cached), or loaded from its weights with a fresh adapter (qwen-image, sd3.5)."""
     spec = policy_spec(config.model.policy)
     return spec.base(config, progress) if spec.base is not None else spec.build(config)

@@ -14,7 +14,8 @@ step equals the single-process step up to the order of the sum.
 
 A sharded checkpoint is one ``torch.distributed.checkpoint`` folder written by every member
 through fsspec (a local folder or object storage); it loads on any number of members -- DCP
-reshards on load -- so a group that lost a member re-forms and resumes from it.
+reshards on load -- so a group that lost a member re-forms and resumes from it. It holds
+tensors only, which DCP reads with ``torch.load(weights_only=True)``: nothing is unpickled.
 
 Everything here runs with the training group as the default group
 (:func:`spotlight.parallel.process_groups.as_default`): DeviceMesh, FSDP2 and DCP ask the
@@ -22,6 +23,7 @@ default group for this process's rank.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterable
 
 import torch
@@ -38,6 +40,9 @@ def shard_module(module: nn.Module, group: dist.ProcessGroup, blocks: Iterable[n
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+    # A diffusers transformer returns its output in a tuple, as a view; the trainers use it out
+    # of place, which is what FSDP2's warning (printed on every forward) asks.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     device = next(module.parameters()).device
     # Meshes over the same ranks are equal unless named apart, and DTensor's caches would hand
     # a later group's tensors an earlier (closed) group's mesh: each group's mesh is its own.
@@ -87,22 +92,24 @@ def full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_sharded(module: nn.Module, optimizer: torch.optim.Optimizer, url: str,
-                 storage_options: dict | None = None) -> None:
-    """Every member writes its shards of the weights and the optimizer state to folder
-    ``url`` (any fsspec URL) as one ``torch.distributed.checkpoint``."""
+                 storage_options: dict | None = None, weights: bool = True) -> None:
+    """Every member writes its shards of the optimizer state (and, with ``weights``, of the
+    weights) to folder ``url`` (any fsspec URL) as one ``torch.distributed.checkpoint``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    weights, moments = get_state_dict(module, optimizer)
-    dcp.save({"model": weights, "optimizer": moments},
-             storage_writer=FsspecWriter(url, **(storage_options or {})))
+    held, moments = get_state_dict(module, optimizer)
+    # Tensors only: DCP unpickles any other value it reads back, and the param groups (the
+    # learning rate, betas) come from the run's config on load anyway.
+    state = {"optimizer": {"state": moments["state"]}} | ({"model": held} if weights else {})
+    dcp.save(state, storage_writer=FsspecWriter(url, **(storage_options or {})))
 
 
 def load_sharded(module: nn.Module, optimizer: torch.optim.Optimizer, url: str,
-                 storage_options: dict | None = None) -> None:
-    """Load the checkpoint in ``url`` into a sharded ``module`` and its ``optimizer``, on
-    however many members it was written by (each reads the parts of its shards)."""
+                 storage_options: dict | None = None, weights: bool = True) -> None:
+    """Load the checkpoint in ``url`` into a sharded ``module`` (with ``weights``) and its
+    ``optimizer``, on however many members it was written by (each reads its shards' parts)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.state_dict import (
@@ -113,14 +120,16 @@ def load_sharded(module: nn.Module, optimizer: torch.optim.Optimizer, url: str,
     )
 
     reader = FsspecReader(url, **(storage_options or {}))
-    weights, moments = get_state_dict(module, optimizer)
+    held, moments = get_state_dict(module, optimizer)
     # The template has optimizer state for every parameter; AdamW keeps none for a parameter
     # that never had a gradient (a block's unused output), so the checkpoint has none either.
     stored = {key.rsplit(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
-    moments["state"] = {name: values for name, values in moments["state"].items()
-                        if f"optimizer.state.{name}" in stored}
-    state = {"model": weights, "optimizer": moments}
+    state = {"optimizer": {"state": {name: values for name, values in moments["state"].items()
+                                     if f"optimizer.state.{name}" in stored}}}
+    state |= {"model": held} if weights else {}
     dcp.load(state, storage_reader=reader)
-    set_model_state_dict(module, state["model"])   # strict: every weight is in the checkpoint
-    set_optimizer_state_dict(module, optimizer, state["optimizer"],
+    moments["state"] = state["optimizer"]["state"]   # with this optimizer's param groups
+    if weights:
+        set_model_state_dict(module, state["model"])   # strict: every weight is in the folder
+    set_optimizer_state_dict(module, optimizer, moments,
                              options=StateDictOptions(strict=False))   # those moments may not

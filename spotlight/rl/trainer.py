@@ -89,6 +89,9 @@ class DataParallelPeers(Protocol):
 
     rank: int
     world: int
+    # Sharded: the model's own collectives run in every forward and backward, so a peer
+    # without rows in a micro-batch still computes one, weighted zero (else its peers wait).
+    sharded: bool
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> None:
         """Sum each tensor over the peers, in place."""
@@ -119,6 +122,12 @@ class FlowGRPO:
         self.reference = policy.reference() if grpo.beta_kl > 0 else None
         self.optimizer = self._new_optimizer()
         self.peers: DataParallelPeers | None = None   # set for a data-parallel step
+
+    def rebind_parameters(self) -> None:
+        """After the policy's modules were replaced by others holding the same weights (sharded
+        ones): train theirs, with a fresh optimizer over them."""
+        self.parameters = mark_trainable(self.policy, self.config.grpo.trainable)
+        self.optimizer = self._new_optimizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         grpo = self.config.grpo
@@ -189,6 +198,8 @@ class FlowGRPO:
         if mine.stop > mine.start:
             out = self._backward(traj, idx[mine], adv[mine], texts[mine], steps,
                                  (mine.stop - mine.start) / len(idx))
+        elif self.peers is not None and self.peers.sharded:
+            self._backward(traj, idx[:1], adv[:1], texts[:1], steps, 0.0)   # see the Protocol
         if self.peers is not None:
             out = self._sum_over_peers(out)
         torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grpo.max_grad_norm)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from spotlight.config import PROJECT_ROOT
-from spotlight.models.qwen_image.hub import parse_hub_id
+from spotlight.models.hub import parse_hub_id
 from spotlight.models.qwen_image.weights import TINY, load_components, local_folder
 
 TOKEN = "hf_loopback_token"

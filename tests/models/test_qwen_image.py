@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.config.sections import ModelConfig
+from spotlight.config import ModelConfig
 from spotlight.models.base import Policy
 from spotlight.models.qwen_image.policy import QwenImagePolicy
 from spotlight.models.qwen_image.tiny import PROMPT_TEMPLATE, TEMPLATE_DROP, build_tiny_components
@@ -15,6 +15,12 @@ from spotlight.models.qwen_image.weights import (
     load_components,
     local_folder,
     resolve_dtype,
+)
+from tests.models.diffusers_checks import (
+    check_only_the_adapter_trains,
+    check_stored_prompts_spare_the_text_encoders,
+    moved_adapter_state,
+    save_adapter,
 )
 
 PROMPTS = ['a sign that says "59"', "a poster"]
@@ -99,57 +105,27 @@ def test_denoising_with_true_cfg_and_the_model_schedule_matches_the_stock_pipeli
 
 
 def test_stored_prompt_embeddings_spare_the_text_encoder(tiny_folder):
-    store: dict[str, np.ndarray] = {}
-    writer = _policy(tiny_folder)
-    writer.use_prompt_store(store.get, store.__setitem__)
-    x, v = _velocity(writer)
-    assert writer.text_encoder_loaded and set(store) == set(PROMPTS)
     reader = QwenImagePolicy(load_components(str(tiny_folder), torch.float32, text_encoder=False),
                              ModelConfig(policy="qwen-image", weights=str(tiny_folder)), 16, 32)
-    reader.load_state_dict(writer.state_dict())
-    reader.use_prompt_store(store.get)
-    assert torch.equal(reader.velocity(x, torch.tensor([0.6]), reader.encode(PROMPTS)), v)
-    assert not reader.text_encoder_loaded
+    x = torch.randn(2, *reader.tokens_shape, generator=torch.Generator().manual_seed(0))
+    check_stored_prompts_spare_the_text_encoders(_policy(tiny_folder), reader, x,
+                                                 torch.tensor([0.6]), PROMPTS)
 
 
 def test_lora_trains_only_the_adapter_and_the_reference_stays_the_base(tiny_folder):
     policy = _policy(tiny_folder, lora_rank=4, lora_alpha=4.0)
-    trainable = policy.trainable_parameters()
-    names = {id(p): n for n, p in policy.transformer.named_parameters()}
-    assert trainable and all("lora_" in names[id(p)] for p in trainable)
-    frozen = {n: p.clone() for n, p in policy.transformer.named_parameters() if "lora_" not in n}
-    x, base = _velocity(policy)
-    reference = policy.reference()
-    text = policy.encode(PROMPTS)
-    optimizer = torch.optim.SGD(trainable, lr=0.5)
-    for _ in range(3):
-        optimizer.zero_grad()
-        policy.velocity(x, torch.tensor([0.6]), text).pow(2).mean().backward()
-        optimizer.step()
-    trained = policy.velocity(x, torch.tensor([0.6]), text)
-    assert not torch.allclose(trained, base)
-    assert torch.equal(reference.velocity(x, torch.tensor([0.6]), text), base)
-    for n, p in policy.transformer.named_parameters():
-        if n in frozen:
-            assert torch.equal(p, frozen[n]), n
+    x = torch.randn(2, *policy.tokens_shape, generator=torch.Generator().manual_seed(0))
+    check_only_the_adapter_trains(policy, x, torch.tensor([0.6]), policy.encode(PROMPTS))
 
 
 def test_the_checkpoint_is_the_adapter_and_loads_into_a_stock_pipeline(tiny_folder, tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
-    from safetensors.torch import save_file
 
     policy = _policy(tiny_folder, lora_rank=4)
-    with torch.no_grad():
-        for p in policy.trainable_parameters():
-            p.add_(0.05)
-    state = policy.state_dict()
-    assert state and all(k.startswith("transformer.") and ".lora_" in k for k in state)
-    restored = _policy(tiny_folder, lora_rank=4)
-    restored.load_state_dict(state)
-    x, v = _velocity(policy)
-    assert torch.equal(restored.velocity(x, torch.tensor([0.6]), restored.encode(PROMPTS)), v)
-
-    save_file({k: t.contiguous() for k, t in state.items()}, str(tmp_path / "weights.safetensors"))
+    x = torch.randn(2, *policy.tokens_shape, generator=torch.Generator().manual_seed(0))
+    state = moved_adapter_state(policy, _policy(tiny_folder, lora_rank=4), x,
+                                torch.tensor([0.6]), PROMPTS)
+    weight_name = save_adapter(state, tmp_path)
     c = load_components(str(tiny_folder), torch.float32)
     pipe = QwenImagePipeline(FlowMatchEulerDiscreteScheduler.from_pretrained(
         tiny_folder / "scheduler"), c.vae, c.text_encoder, c.tokenizer, c.transformer)
@@ -159,7 +135,7 @@ def test_the_checkpoint_is_the_adapter_and_loads_into_a_stock_pipeline(tiny_fold
                     output_type="np", generator=torch.Generator().manual_seed(0)).images
 
     before = image()
-    pipe.load_lora_weights(str(tmp_path), weight_name="weights.safetensors")
+    pipe.load_lora_weights(str(tmp_path), weight_name=weight_name)
     assert np.abs(image() - before).max() > 1e-3
 
 

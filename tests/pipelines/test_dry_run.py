@@ -8,7 +8,13 @@ import pytest
 
 from spotlight import main
 from spotlight.config import PROJECT_ROOT
-from spotlight.sizing import ModelSize, forward_s, inference_memory_gib, iteration_estimates
+from spotlight.sizing import (
+    CALIBRATED_PARAMS,
+    ModelSize,
+    forward_s,
+    inference_memory_gib,
+    iteration_estimates,
+)
 
 
 def test_the_1280_config_is_sized_from_the_published_model(tmp_path, monkeypatch, capsys):
@@ -94,11 +100,12 @@ def test_a_lora_step_costs_fewer_forwards_than_full_tuning_and_the_dry_run_says_
     common = dict(prompts=1, group=4, steps=1, cfg=False, request_prompts=1, candidates=1,
                   explore_steps=1, explore_batch=1, micro_batch=4, trained_steps=1,
                   gpu_workers=1, spot_workers=0, checkpointing=False, reference=False)
-    lora = ModelSize(transformer=10**9, vae=0, text_encoder=0, trainable=10**6, weight_bytes=2,
-                     hidden=64, layers=2, latent_channels=64, image_tokens=1024)
+    lora = ModelSize(transformer=CALIBRATED_PARAMS, vae=0, text_encoder=0, trainable=10**6,
+                     weight_bytes=2, hidden=3072, layers=60, latent_channels=64, image_tokens=1024)
     full = dataclasses.replace(lora, trainable=lora.transformer)
     lora_s, full_s = (iteration_estimates(s, **common)[2].seconds for s in (lora, full))
-    # By hand: forward_s(1024, 4) = 4 x 58.8 ms; LoRA 2.4 forwards, full tuning 3.
+    # By hand: forward_s(1024, 4) = 4 x 58.8 ms (the measured transformer: work 1); LoRA 2.4
+    # forwards, full tuning 3.
     assert lora_s == pytest.approx(2.4 * 4 * 0.0588)
     assert full_s == pytest.approx(3.0 * 4 * 0.0588)
     assert main(["run", "--dry-run", "--config",

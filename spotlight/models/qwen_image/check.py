@@ -3,14 +3,17 @@ files alone (no weight is loaded): a missing component, a dtype the device canno
 resolution the VAE and the 2x2 patching cannot take, a LoRA target that matches no module."""
 from __future__ import annotations
 
-import json
-
-import torch
-
 from spotlight.config import ConfigError, rollout_sp_degree
 from spotlight.models.base import register_check
-from spotlight.models.qwen_image.policy import check_lora_targets, check_resolution, image_size
-from spotlight.models.qwen_image.weights import local_folder, resolve_dtype
+from spotlight.models.diffusers_parts import (
+    check_adapter_targets,
+    check_resolution,
+    checked_folder,
+    component_config,
+    image_size,
+)
+from spotlight.models.qwen_image.policy import QwenImagePolicy
+from spotlight.models.qwen_image.weights import LAYOUT
 from spotlight.parallel.ulysses import SequenceParallelError, check_degree
 
 
@@ -18,18 +21,15 @@ from spotlight.parallel.ulysses import SequenceParallelError, check_degree
 def check_qwen_image(config) -> None:
     from diffusers import QwenImageTransformer2DModel
 
-    resolve_dtype(config.model.dtype)
-    # names a missing component; copies a URL once; of a Hub id, fetches only the config files
-    folder = local_folder(config.model.weights, configs_only=True)
-    vae = json.loads((folder / "vae" / "config.json").read_text())
+    folder = checked_folder(LAYOUT, config.model)
+    vae = component_config(folder, "vae")
     scale = 2 ** len(vae.get("temperal_downsample", []))
-    check_resolution(*image_size(config), scale)
-    transformer_config = json.loads((folder / "transformer" / "config.json").read_text())
+    check_resolution("Qwen-Image", *image_size(config), scale * 2,
+                     f"VAE downsampling {scale} x 2x2 patches")
+    transformer_config = component_config(folder, "transformer")
     _check_sp_degree(config, transformer_config, scale)
-    if config.model.lora_rank > 0:
-        with torch.device("meta"):
-            transformer = QwenImageTransformer2DModel.from_config(transformer_config)
-        check_lora_targets(transformer, config.model.lora_targets)
+    check_adapter_targets(QwenImageTransformer2DModel, transformer_config, config.model,
+                          QwenImagePolicy.own_lora_targets, QwenImagePolicy.lora_example)
 
 
 def _check_sp_degree(config, transformer_config: dict, vae_scale: int) -> None:

@@ -6,14 +6,19 @@ in the weights folder when it is a local one, else from the published Qwen-Image
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 from spotlight.models.base import register_sizing
-from spotlight.models.qwen_image.policy import image_size
-from spotlight.models.qwen_image.weights import TINY, local_folder, resolve_dtype
+from spotlight.models.diffusers_parts import (
+    component_config,
+    count_parameters,
+    image_size,
+    lora_parameter_count,
+    lora_targets,
+    sized_weight_bytes,
+    sizing_folder,
+)
+from spotlight.models.qwen_image.weights import LAYOUT
 from spotlight.sizing import ModelSize
 
 # Qwen2.5-VL-7B-Instruct, Qwen-Image's text encoder (its published config).
@@ -29,11 +34,12 @@ def qwen_image_size(config) -> ModelSize:
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    folder = _local(config.model.weights)
+    folder = sizing_folder(LAYOUT, config.model.weights)
     with torch.device("meta"):
         if folder is not None:
-            transformer = QwenImageTransformer2DModel.from_config(_config(folder / "transformer"))
-            vae = AutoencoderKLQwenImage.from_config(_config(folder / "vae"))
+            transformer = QwenImageTransformer2DModel.from_config(
+                component_config(folder, "transformer"))
+            vae = AutoencoderKLQwenImage.from_config(component_config(folder, "vae"))
             text = Qwen2_5_VLConfig.from_pretrained(folder / "text_encoder")
         else:
             transformer, vae = QwenImageTransformer2DModel(), AutoencoderKLQwenImage()
@@ -42,37 +48,13 @@ def qwen_image_size(config) -> ModelSize:
     height, width = image_size(config)
     scale = 2 ** len(vae.temperal_downsample) * 2
     inner = transformer.config.num_attention_heads * transformer.config.attention_head_dim
-    dtype = torch.bfloat16 if config.model.dtype == "auto" and config.model.weights != TINY \
-        else resolve_dtype(config.model.dtype)
+    model = config.model
     return ModelSize(
-        transformer=_count(transformer), vae=_count(vae), text_encoder=_count(encoder),
-        trainable=_lora_count(transformer, config.model) if config.model.lora_rank
-        else _count(transformer),
-        weight_bytes=torch.tensor([], dtype=dtype).element_size(), hidden=inner,
+        transformer=count_parameters(transformer), vae=count_parameters(vae),
+        text_encoder=count_parameters(encoder),
+        trainable=lora_parameter_count(transformer, model.lora_rank,
+                                       lora_targets(model)) if model.lora_rank
+        else count_parameters(transformer),
+        weight_bytes=sized_weight_bytes(model), hidden=inner,
         layers=transformer.config.num_layers, latent_channels=transformer.config.in_channels,
         image_tokens=(height // scale) * (width // scale))
-
-
-def _local(weights: str) -> Path | None:
-    if weights == TINY:
-        return local_folder(weights)
-    path = Path(weights.removeprefix("file://")).expanduser()
-    return path if "://" not in weights.removeprefix("file://") and path.is_dir() else None
-
-
-def _config(folder: Path) -> dict:
-    return json.loads((folder / "config.json").read_text())
-
-
-def _count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def _lora_count(transformer: torch.nn.Module, model) -> int:
-    """r x (in + out) for every linear layer a LoRA target names."""
-    total = 0
-    for name, module in transformer.named_modules():
-        if isinstance(module, torch.nn.Linear) and any(
-                name == t or name.endswith("." + t) for t in model.lora_targets):
-            total += model.lora_rank * (module.in_features + module.out_features)
-    return total

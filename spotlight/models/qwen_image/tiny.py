@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from spotlight.config import PROJECT_ROOT
+from spotlight.models.diffusers_parts import tiny_corpus
 from spotlight.models.qwen_image.template import PROMPT_TEMPLATE, TEMPLATE_DROP
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
@@ -33,11 +33,7 @@ TINY_SEED = 0
 
 def tokenizer_corpus() -> list[str]:
     """Text the tiny tokenizer learns its vocabulary from: the template and shipped prompts."""
-    lines = [PROMPT_TEMPLATE.format("")]
-    for path in sorted((PROJECT_ROOT / "configs" / "prompts").glob("*.txt")):
-        lines += path.read_text().splitlines()
-    lines.append("a photo of text that says 0 1 2 3 4 5 6 7 8 9")
-    return lines
+    return [PROMPT_TEMPLATE.format(""), *tiny_corpus()]
 
 
 def build_tokenizer(corpus: list[str]):

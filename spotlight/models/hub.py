@@ -1,11 +1,12 @@
-"""Qwen-Image weights named by a Hugging Face Hub id: ``Qwen/Qwen-Image``, or
-``Qwen/Qwen-Image@<revision>`` (a branch, tag or commit; ``main`` if none), fetched through
-huggingface_hub into its standard cache as ``from_pretrained`` would. huggingface_hub's own
-settings apply as it reads them: ``HF_TOKEN`` (or ``hf auth login``), ``HF_HOME`` /
-``HF_HUB_CACHE``, ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` (a mirror).
+"""Weights named by a Hugging Face Hub id: ``Qwen/Qwen-Image`` or
+``stabilityai/stable-diffusion-3.5-medium``, with ``@<revision>`` (a branch, tag or commit;
+``main`` if none), fetched through huggingface_hub into its standard cache as
+``from_pretrained`` would. huggingface_hub's own settings apply as it reads them: ``HF_TOKEN``
+(or ``hf auth login``), ``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT``
+(a mirror).
 
-The components' JSON files come first and are checked, so a repo that is not a Qwen-Image one is
-refused before any weight moves; then the component folders (and ``model_index.json``) are
+The components' JSON files come first and are checked, so a repo that is not one of the model's
+is refused before any weight moves; then the component folders (and ``model_index.json``) are
 fetched at the commit those configs came from, and every file is checked against the checksum
 the Hub named its blob by (sha256 for LFS files, git's sha1 for the others) and recorded with its
 size under the Spotlight cache (``hub/``). That happens once per machine: a later start finds the
