@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "check-gpu.json); each part's log goes beside it")
     p.add_argument("--size", choices=("real", "tiny"), default=None,
                    help="real: Qwen-Image's transformer at its published size (20.4 B, bf16, "
-                        "random weights) at 512² and 1280²; tiny: the tiny components (the CPU "
-                        "test). Default: real on CUDA, tiny on the CPU")
+                        "random weights) at 512² and 1280², SD3.5-Medium's at 512² and 1024²; "
+                        "tiny: the tiny components (the CPU test). Default: real on CUDA, tiny "
+                        "on the CPU")
     p.add_argument("--device", default="auto",
                    help="cuda, cuda:N or cpu (default auto: cuda where there is one)")
     p.add_argument("--sections", default=",".join(PARTS), metavar="P1,P2",

@@ -14,7 +14,8 @@ import warnings
 import torch
 
 from pipelines.gpu.record import SCALES, Record
-from pipelines.gpu.steps import build_policy, scale_config
+from pipelines.gpu.step_models import build_policy
+from pipelines.gpu.steps import QWEN, scale_config
 from pipelines.run.streamed import recompute_log_probs
 from spotlight.models.base import model_size
 from spotlight.rl.noise import SampleKey
@@ -28,7 +29,7 @@ def run_determinism(record: Record, size: str, device: str) -> None:
     config = scale_config(size, SCALES[size][0], device).with_values({
         "sampler.num_steps": STEPS, "sampler.sde_window_start": 0,
         "sampler.sde_window_size": STEPS, "sampler.schedule": "shift"})
-    policy = build_policy(size, config, model_size(config).text_tokens)
+    policy = build_policy(QWEN, size, config, model_size(config).text_tokens)
     keys = [SampleKey(0, 1, seed) for seed in range(BATCH)]
     record.update("determinism.setup", {"steps": STEPS, "resume_at": RESUME_AT, "batch": BATCH,
                                         "height": config.model.height,

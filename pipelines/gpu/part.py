@@ -1,7 +1,8 @@
 """One part of ``spotlight check-gpu`` in a process of its own (started by :mod:`.runner`):
 
-    python -m pipelines.gpu.part steps|pipeline|determinism --json PATH --size S --device D
-        [--shapes 1024x4,768x2]
+    python -m pipelines.gpu.part PART --json PATH --size S --device D [--shapes 1024x4,768x2]
+
+(PART: steps, steps-sd35, pipeline, determinism or collectives).
 
 It writes the environment it runs in (once per check), then its figures as it measures them;
 a failure is written as the part's error, with the last lines of its traceback.
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import torch
 
+from pipelines.gpu.collectives import run_collectives
 from pipelines.gpu.determinism import run_determinism
 from pipelines.gpu.pipeline import run_pipeline
 from pipelines.gpu.record import PARTS, Record, parse_shapes
+from pipelines.gpu.step_models import MODELS
 from pipelines.gpu.steps import run_steps
 from spotlight.sizing import GIB
 
@@ -56,10 +59,14 @@ def run_part(part: str, record: Record, size: str, device: str, folder: Path,
         record.update("environment", environment(device))
     if part == "steps":
         run_steps(record, size, device, shapes)
+    elif part == "steps-sd35":
+        run_steps(record, size, device, (), MODELS["sd3.5"])
     elif part == "pipeline":
         run_pipeline(record, device, folder)
     elif part == "determinism":
         run_determinism(record, size, device)
+    elif part == "collectives":
+        run_collectives(record, device)
     else:
         raise ValueError(f"unknown check-gpu part {part!r}; choose one of {list(PARTS)}")
 

@@ -2,7 +2,8 @@
 at any point (its time ran out, the process was killed) leaves every figure measured so far.
 
 Layout: ``{"check": {...options, started/finished}, "environment": {...}, "parts": {NAME:
-{"status", "seconds", "error"?}}, "steps": {...}, "pipeline": {...}, "determinism": {...}}``.
+{"status", "seconds", "error"?}}, "steps": {...}, "pipeline": {...}, "determinism": {...},
+"collectives": {...}}``.
 :func:`expected_keys` lists the dotted keys a finished check holds, per size.
 """
 from __future__ import annotations
@@ -15,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-PARTS = ("steps", "pipeline", "determinism")
+PARTS = ("steps", "steps-sd35", "pipeline", "determinism", "collectives")
 SCALES = {"real": ("512", "1280"), "tiny": ("32", "64")}   # the steps part's resolutions
-SHAPE_BASE = {"real": "512", "tiny": "32"}   # the settings a SIDExBATCH shape starts from
+SD35_SCALES = {"real": ("512", "1024"), "tiny": ("32", "64")}   # the steps-sd35 part's
 STEP_KEYS = ("seconds", "predicted_seconds", "seconds_ratio", "peak_gib", "predicted_gib",
              "memory_ratio", "batch", "passes", "image_tokens")
 RUN_KEYS = ("equal", "max_abs_diff_latents", "max_abs_diff_log_probs")
@@ -115,9 +116,13 @@ def expected_keys(size: str) -> list[str]:
             "pipeline.preempt_resume.resumed_from", "pipeline.preempt_resume.equal",
             "pipeline.preempt_resume.max_abs_diff"]
     keys += [f"parts.{p}.status" for p in PARTS]
-    for scale in SCALES[size]:
-        keys += [f"steps.{scale}.{kind}.{k}" for kind in ("rollout", "train")
-                 for k in STEP_KEYS]
+    keys += ["collectives.group.backend", "collectives.group.all_reduce_ok"]
+    keys += [f"collectives.sharded_{dtype}.{k}" for dtype in ("fp32", "bf16")
+             for k in ("max_abs_diff", "seconds")]
+    for section, scales in (("steps", SCALES), ("steps_sd35", SD35_SCALES)):
+        keys += [f"{section}.model.transformer_params"]
+        keys += [f"{section}.{scale}.{kind}.{k}" for scale in scales[size]
+                 for kind in ("rollout", "train") for k in STEP_KEYS]
     for mode in ("default", "deterministic"):
         keys += [f"determinism.{mode}.{run}.{k}" for run in ("rerun", "resume")
                  for k in RUN_KEYS]
@@ -140,14 +145,13 @@ def missing_keys(data: dict, size: str) -> list[str]:
 def summary(data: dict) -> list[str]:
     """A few lines of the figures that matter, for the console."""
     lines = []
-    for scale, kinds in sorted((data.get("steps") or {}).items()):
-        for kind, step in sorted(kinds.items()) if scale != "model" else []:
-            lines.append(f"steps {scale} {kind}: {_num(step.get('seconds'))} s "
-                         f"(predicted {_num(step.get('predicted_seconds'))}, ratio "
-                         f"{_num(step.get('seconds_ratio'))}); peak {_num(step.get('peak_gib'))} "
-                         f"GiB (predicted {_num(step.get('predicted_gib'))}, ratio "
-                         f"{_num(step.get('memory_ratio'))})"
-                         + (" OUT OF MEMORY" if step.get("oom") else ""))
+    for section, scale, kind, step in _steps(data):
+        lines.append(f"{section} {scale} {kind}: {_num(step.get('seconds'))} s "
+                     f"(predicted {_num(step.get('predicted_seconds'))}, ratio "
+                     f"{_num(step.get('seconds_ratio'))}); peak {_num(step.get('peak_gib'))} "
+                     f"GiB (predicted {_num(step.get('predicted_gib'))}, ratio "
+                     f"{_num(step.get('memory_ratio'))})"
+                     + (" OUT OF MEMORY" if step.get("oom") else ""))
     pipeline = data.get("pipeline") or {}
     if "iterations" in pipeline:
         lines.append(f"pipeline: {pipeline['iterations'].get('completed')} iterations in "
@@ -157,12 +161,30 @@ def summary(data: dict) -> list[str]:
         lines.append(f"preempt/resume: preempted {p.get('preempted')}, resumed from "
                      f"{p.get('resumed_from')}, equal {p.get('equal')}, max diff "
                      f"{p.get('max_abs_diff')}")
+    collectives = data.get("collectives") or {}
+    if "group" in collectives:
+        group = collectives["group"]
+        lines.append(f"collectives: {group.get('backend')} group of {group.get('world')} on "
+                     f"{group.get('device')}, all-reduce ok {group.get('all_reduce_ok')}")
+    for dtype in ("fp32", "bf16"):
+        step = collectives.get(f"sharded_{dtype}") or {}
+        if step:
+            lines.append(f"sharded step ({dtype} compute): max gradient diff "
+                         f"{_num(step.get('max_abs_diff'))}, {_num(step.get('seconds'))} s")
     for mode in ("default", "deterministic"):
         runs = (data.get("determinism") or {}).get(mode) or {}
         lines += [f"determinism {mode} {run}: equal {r.get('equal')}, max diff latents "
                   f"{r.get('max_abs_diff_latents')}, log-probs {r.get('max_abs_diff_log_probs')}"
                   for run, r in sorted(runs.items()) if isinstance(r, dict)]
     return lines
+
+
+def _steps(data: dict):
+    """(section, scale, kind, step) of every measured step, in order."""
+    for section in ("steps", "steps_sd35"):
+        for scale, kinds in sorted((data.get(section) or {}).items()):
+            for kind, step in sorted(kinds.items()) if scale != "model" else []:
+                yield section, scale, kind, step
 
 
 def _num(value: Any) -> str:

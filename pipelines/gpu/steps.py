@@ -1,11 +1,13 @@
-"""The steps part: one rollout denoising step and one LoRA training step of the Qwen-Image
-transformer, timed and with their peak memory, next to what the sizing model predicts.
+"""The steps parts: one rollout denoising step and one LoRA training step of a transformer,
+timed and with their peak memory, next to what the sizing model predicts.
 
-At size ``real`` the transformer is diffusers' ``QwenImageTransformer2DModel`` at its published
-configuration (20.4 B parameters) with random weights born in bfloat16 on the device -- nothing
-is downloaded -- measured at 512² and 1280² with the settings of ``configs/qwen-image-512.yaml``
-and ``qwen-image-1280.yaml`` (rollout batch, true CFG, LoRA rank, gradient checkpointing, micro
-batch). At size ``tiny`` the same code runs the tiny components at 32² and 64² (the CPU test).
+At size ``real`` the transformer is at its published configuration with random weights born in
+bfloat16 on the device -- nothing is downloaded (:mod:`.step_models`): Qwen-Image's
+(``steps``: 20.4 B parameters, at 512² and 1280² with the settings of
+``configs/qwen-image-512.yaml`` and ``qwen-image-1280.yaml``) and SD3.5-Medium's
+(``steps_sd35``: at 512² and 1024² with ``configs/sd35-medium-ocr.yaml``'s) -- rollout batch,
+true CFG, LoRA rank, gradient checkpointing, micro batch. At size ``tiny`` the same code runs
+the tiny components at 32² and 64² (the CPU test).
 
 Both steps run through the policy and the trainer a run uses (:func:`spotlight.rl.sampler.
 sample`, :meth:`spotlight.rl.trainer.FlowGRPO.train`). The predictions are the sizing model's
@@ -23,16 +25,13 @@ from typing import Callable
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
 from pipelines.front.dry_run import estimates
-from pipelines.gpu.record import SCALES, SHAPE_BASE, STEP_KEYS, Record, ratio
+from pipelines.gpu.record import STEP_KEYS, Record, ratio
+from pipelines.gpu.step_models import MODELS, StepModel, build_policy
 from spotlight.config import PROJECT_ROOT, RunConfig, load_config
 from spotlight.models.base import model_size
 from spotlight.models.prompts import Prompt
-from spotlight.models.qwen_image.policy import QwenImagePolicy, placement_dtype
-from spotlight.models.qwen_image.tiny import build_transformer, build_vae
-from spotlight.models.qwen_image.weights import Components
 from spotlight.rl.grpo import Advantages
 from spotlight.rl.noise import SampleKey
 from spotlight.rl.sampler import Trajectory, sample
@@ -40,61 +39,31 @@ from spotlight.rl.sde import sigma_schedule
 from spotlight.rl.trainer import FlowGRPO, Rollout
 from spotlight.sizing import GIB, iteration_estimates
 
-CONFIGS = {"512": "qwen-image-512.yaml", "1280": "qwen-image-1280.yaml"}
-TINY_SIDE = {"32": 32, "64": 64}
 ROLLOUT_STEPS = 3      # timed denoising steps (after one untimed)
 PROMPT = "check-gpu"
+QWEN = MODELS["qwen-image"]
 
 
-def scale_config(size: str, scale: str, device: str) -> RunConfig:
+def scale_config(size: str, scale: str, device: str, model: StepModel = QWEN) -> RunConfig:
     """The run config a scale is measured with: a named scale's own, or for a ``SIDExBATCH``
     shape the first scale's settings at that side, with rollout batch and micro-batch BATCH."""
     overrides = {"model.device": device}
     if "x" in scale:
         side, batch = (int(v) for v in scale.split("x"))
-        return scale_config(size, SHAPE_BASE[size], device).with_values({
+        return scale_config(size, model.scales(size)[0], device, model).with_values({
             "model.height": side, "model.width": side, "grpo.group_size": batch,
             "grpo.request_prompts": 1, "grpo.micro_batch": batch})
     if size == "real":
-        return load_config(PROJECT_ROOT / "configs" / CONFIGS[scale], overrides)
-    side = TINY_SIDE[scale]
-    return load_config(PROJECT_ROOT / "configs" / "qwen-image-tiny.yaml",
+        path, side = model.real[scale]
+        return load_config(PROJECT_ROOT / "configs" / path,
+                           {**overrides, "model.height": side, "model.width": side})
+    side = model.tiny[scale]
+    return load_config(PROJECT_ROOT / "configs" / model.tiny_config,
                        {**overrides, "model.height": side, "model.width": side,
                         "model.gradient_checkpointing": True})
 
 
-def build_components(size: str, device: torch.device, dtype: torch.dtype) -> Components:
-    """Random transformer and VAE, created on ``device`` in ``dtype`` (a float32 copy of the
-    real transformer would not fit the GPU on its way to bfloat16)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            if size == "real":
-                transformer, vae = QwenImageTransformer2DModel(), AutoencoderKLQwenImage()
-            else:
-                transformer, vae = build_transformer(), build_vae()
-    finally:
-        torch.set_default_dtype(previous)
-    return Components(transformer=transformer.eval(), vae=vae.eval(), folder=PROJECT_ROOT,
-                      dtype=dtype)
-
-
-def build_policy(size: str, config: RunConfig, text_tokens: int) -> QwenImagePolicy:
-    """The policy of ``config`` over random components; every prompt's embedding is one random
-    ``text_tokens``-token array (no text encoder)."""
-    device = torch.device(config.model.device)
-    components = build_components(size, device, placement_dtype(config.model.dtype, device))
-    policy = QwenImagePolicy(components, config.model, config.model.height,
-                             config.model.width, device=device)
-    width = components.transformer.config.joint_attention_dim
-    embedding = np.random.default_rng(0).standard_normal((text_tokens, width)).astype(np.float32)
-    policy.use_prompt_store(lambda prompt: embedding)
-    return policy
-
-
-def resized(policy: QwenImagePolicy, height: int, width: int) -> QwenImagePolicy:
+def resized(policy, height: int, width: int):
     """The same modules at another resolution (the adapter is added once)."""
     out = copy.copy(policy)
     out.height, out.width, out._sigmas = height, width, {}
@@ -144,7 +113,7 @@ def peak_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def measure_rollout(policy: QwenImagePolicy, config: RunConfig) -> dict:
+def measure_rollout(policy, config: RunConfig) -> dict:
     """Seconds per SDE denoising step of one rollout request's batch, and peak memory."""
     batch = rollout_batch(config)
     keys = [SampleKey(0, 0, seed) for seed in range(batch)]
@@ -159,7 +128,7 @@ def measure_rollout(policy: QwenImagePolicy, config: RunConfig) -> dict:
                  batch=batch)
 
 
-def measure_train(policy: QwenImagePolicy, config: RunConfig) -> dict:
+def measure_train(policy, config: RunConfig) -> dict:
     """Seconds per trained step of one micro-batch -- forward and backward (with gradient
     checkpointing as configured), the KL reference's forward, the optimizer step -- and peak
     memory, through :meth:`FlowGRPO.train` on a random trajectory."""
@@ -215,17 +184,18 @@ def entry(measured: dict, predicted: tuple[float, float], config: RunConfig, siz
     return {k: out.get(k) for k in STEP_KEYS} | out
 
 
-def run_steps(record: Record, size: str, device: str, shapes: tuple[str, ...] = ()) -> None:
-    """Build the transformer once, then measure each scale's rollout and training step, and
-    each extra ``SIDExBATCH`` shape's, writing each figure as soon as it is measured."""
-    scales = SCALES[size] + tuple(shapes)
-    configs = {scale: scale_config(size, scale, device) for scale in scales}
+def run_steps(record: Record, size: str, device: str, shapes: tuple[str, ...] = (),
+              model: StepModel = QWEN) -> None:
+    """Build ``model``'s transformer once, then measure each scale's rollout and training step,
+    and each extra ``SIDExBATCH`` shape's, writing each figure as soon as it is measured."""
+    scales = model.scales(size) + tuple(shapes)
+    configs = {scale: scale_config(size, scale, device, model) for scale in scales}
     sizes = {scale: model_size(configs[scale]) for scale in scales}
     first = configs[scales[0]]
     start = time.time()
-    policy = build_policy(size, first, sizes[scales[0]].text_tokens)
+    policy = build_policy(model, size, first, sizes[scales[0]].text_tokens)
     sync(policy.device)
-    record.update("steps.model", {
+    record.update(f"{model.section}.model", {
         "transformer_params": sum(p.numel() for n, p in policy.transformer.named_parameters()
                                   if "lora_" not in n),
         "predicted_transformer_params": sizes[scales[0]].transformer,
@@ -241,5 +211,5 @@ def run_steps(record: Record, size: str, device: str, shapes: tuple[str, ...] = 
         predicted = predictions(config, size_of)
         for kind, measure in (("rollout", measure_rollout), ("train", measure_train)):
             measured = measure(at, config)
-            record.update(f"steps.{scale}.{kind}",
+            record.update(f"{model.section}.{scale}.{kind}",
                           entry(measured, predicted[kind], config, size_of))

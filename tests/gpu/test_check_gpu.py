@@ -41,6 +41,15 @@ def test_check_gpu_at_tiny_size_completes_and_writes_every_key(tmp_path, capsys)
                                                          step["predicted_gib"])
     assert data["steps"]["64"]["rollout"]["image_tokens"] == \
         4 * data["steps"]["32"]["rollout"]["image_tokens"]
+    # SD3.5's transformer beside its own predictions (the published size on a GPU).
+    sd35 = data["steps_sd35"]
+    assert sd35["model"]["transformer_params"] == sd35["model"]["predicted_transformer_params"]
+    assert sd35["model"]["trainable_params"] == sd35["model"]["predicted_trainable_params"] > 0
+    for scale in ("32", "64"):
+        for kind in ("rollout", "train"):
+            step = sd35[scale][kind]
+            assert step["seconds"] > 0 and step["predicted_seconds"] > 0, step
+            assert step["passes"] == 2   # true CFG, as the SD3.5 recipes
     pipeline = data["pipeline"]
     assert pipeline["iterations"]["completed"] == 2
     assert {w: placed["policy_devices"] for w, placed in
@@ -53,6 +62,11 @@ def test_check_gpu_at_tiny_size_completes_and_writes_every_key(tmp_path, capsys)
     for mode in ("default", "deterministic"):
         assert data["determinism"][mode]["rerun"]["equal"]
         assert data["determinism"][mode]["resume"]["equal"]
+    # The training group's communicator on the device (gloo on the CPU), and a sharded step.
+    group = data["collectives"]["group"]
+    assert group["backend"] == "gloo" and group["world"] == 1 and group["all_reduce_ok"]
+    assert data["collectives"]["sharded_fp32"]["max_abs_diff"] <= 1e-5
+    assert 0 < data["collectives"]["sharded_bf16"]["max_abs_diff"] < 1.0   # bf16 compute
     for part in PARTS:
         assert (tmp_path / f"check.{part}.log").is_file()
 
