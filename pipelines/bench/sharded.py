@@ -108,7 +108,7 @@ def sharded_step(epoch: int, spec: ShardedStep) -> dict:
     gradients and weights, and the bytes each member holds."""
     peers = training.peers(epoch)
     torch.set_num_threads(1)
-    with as_default(peers.group):
+    with training.leaving_on_error(peers), as_default(peers.group):
         model = model_of()
         shard_module(model, peers.group, model.transformer_blocks)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import gc
 import time
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -50,11 +52,8 @@ class GroupPeers:
         for indices in plan:
             same = [tensors[i] for i in indices]
             flat = torch.cat([t.reshape(-1) for t in same])
-            try:
+            with leaving_on_error(self):
                 self.group.allreduce([flat]).wait()
-            except BaseException:
-                self.leave()
-                raise
             offset = 0
             for t in same:
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))
@@ -70,6 +69,19 @@ class GroupPeers:
         close_group(group, abort=True)
         del group
         gc.collect()
+
+
+@contextmanager
+def leaving_on_error(peers: GroupPeers):
+    """Collectives of ``peers``' group inside (a bucket's all-reduce, a whole sharded step): if
+    anything fails, this member leaves the group at once (:meth:`GroupPeers.leave`), so a peer
+    blocked on it fails too, and the error's frames let go of what holds the group."""
+    try:
+        yield
+    except BaseException as error:
+        traceback.clear_frames(error.__traceback__)
+        peers.leave()
+        raise
 
 
 # --- executor side (tasks pinned to one worker) ------------------------------------------------

@@ -70,7 +70,7 @@ def sharded_train_task(epoch: int, config, store, request: tasks.TrainRequest) -
     start, peers = time.time(), training.peers(epoch)
     ctx = tasks.context(config, store)
     sharded = ShardedPeers(peers.group, peers.rank, peers.world)
-    with ctx.lock, as_default(peers.group):
+    with ctx.lock, training.leaving_on_error(peers), as_default(peers.group):
         rollout, version = ctx.rollout(request.iteration), request.version
         trainer = _trainer(ctx)
         ctx.policy_at(version)

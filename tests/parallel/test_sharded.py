@@ -72,3 +72,33 @@ def test_a_sharded_checkpoint_round_trip_restores_weights_and_moments(group, tmp
     assert all(torch.equal(a, b) for a, b in zip(moments, loaded)) and moments
     assert resting_bytes(fresh, fresh_optimizer) == held - sum(   # no gradients yet
         p.grad.to_local().numel() * 4 for p in model.parameters())
+
+
+@pytest.mark.timeout(300)
+def test_a_group_that_lost_a_member_re_forms_and_re_shards_from_the_stored_version(tmp_path):
+    """Three members write a sharded checkpoint; one is SIGKILLed; the next step, first tried
+    on the old members (the scheduler has not noticed yet), fails on the survivors' side at
+    once, and runs again on the two left, from the stored shards: the uninterrupted run's
+    weights."""
+    from distributed import Client, LocalCluster
+
+    from pipelines.bench.sharded import ShardedStep, sharded_step, single_process
+    from pipelines.parallel.groups import kill_executors, live_workers
+    from pipelines.parallel.training import TrainingGroup
+
+    reference = single_process(2)
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
+        group = TrainingGroup(client)
+        members = sorted(live_workers(client))
+        saved = f"file://{tmp_path}/checkpoint"
+        group.run(lambda: members, sharded_step, ShardedStep(1, save_to=saved))
+        kill_executors(client, [members[-1]])
+        stale = iter([members])
+        out = group.run(lambda: next(stale, None) or sorted(live_workers(client)),
+                        sharded_step, ShardedStep(2, load_from=saved))
+    assert len(group.members) == 2 and members[-1] not in group.members
+    assert [e["action"] for e in group.log].count("lost") >= 1
+    weights = reference[1]["weights"]
+    assert max(float((out["weights"][k] - weights[k]).abs().max()) for k in weights) < 1e-6
