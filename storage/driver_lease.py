@@ -16,7 +16,7 @@ from typing import Callable
 
 from .conditional import WriteConflict, create_exclusive, read_versioned, replace_if
 from .errors import DriverFenced, StorageError
-from .lease import LEASE, Holder, Lease, LeaseLost
+from .lease import ALIVE, LEASE, TAKE, Holder, Lease, LeaseHeld, LeaseLost, watch_for_takeover
 from .lease import acquire as acquired_lease
 from .lease import release as released_lease
 from .lease import renew as renewed_lease
@@ -64,9 +64,15 @@ class DriverLease:
     @classmethod
     def acquire(cls, location: RunLocation, *, ttl_s: float = 30.0, takeover: bool = False,
                 force: bool = False, holder: Holder | None = None,
-                clock: Callable[[], float] = time.time) -> "DriverLease":
-        """Take the run's lease, or raise ``LeaseHeld`` naming the holder and what to do."""
+                clock: Callable[[], float] = time.time,
+                sleep: Callable[[float], None] = time.sleep,
+                on_wait: Callable[[str], None] | None = None) -> "DriverLease":
+        """Take the run's lease, or raise ``LeaseHeld`` naming the holder and what to do. A
+        ``takeover`` (without ``force``) that finds the lease live first waits it out
+        (:func:`storage.lease.watch_for_takeover`), saying so through ``on_wait``."""
         me = holder or Holder.this_process()
+        if takeover and not force:
+            _wait_out(location, me, clock, sleep, on_wait or log.warning)
         for _ in range(_RACES):
             current, version = _read(location)
             held = acquired_lease(current, me, clock(), ttl_s, takeover=takeover, force=force)
@@ -178,6 +184,29 @@ class DriverLease:
                 self._on_lost(self.lost)
         if raise_:
             raise self.lost
+
+
+def _wait_out(location: RunLocation, me: Holder, clock: Callable[[], float],
+              sleep: Callable[[float], None], say: Callable[[str], None]) -> None:
+    """Return once the stored lease is free to take over (released, or expired unrenewed);
+    ``LeaseHeld`` if its driver renews it meanwhile."""
+    seen, _ = _read(location)
+    if seen is None or seen.holder == me or not seen.live(clock()):
+        return
+    say(f"lease: held by the driver on host {seen.holder.host} (pid {seen.holder.pid}, epoch "
+        f"{seen.epoch}), unrenewed for {clock() - seen.renewed_at:.0f} s; waiting up to "
+        f"{seen.expires_at - clock():.0f} s for it to expire (a live driver renews it before)")
+    while True:
+        sleep(min(_LOOK_EVERY_S, max(0.0, seen.expires_at - clock()) + 0.05))
+        current, _ = _read(location)
+        now = clock()
+        decision = watch_for_takeover(seen, current, now)
+        if decision == TAKE:
+            return
+        if decision == ALIVE:
+            raise LeaseHeld(current, now, "It was renewed while this driver waited: that "
+                            "driver is alive. Wait for it to finish, or take the run from it "
+                            "with --takeover --force.")
 
 
 def _read(location: RunLocation) -> tuple[Lease | None, str | None]:

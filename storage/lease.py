@@ -105,7 +105,8 @@ def acquire(current: Lease | None, me: Holder, now: float, ttl_s: float, *,
     if current is not None and not current.released and current.holder != me:
         if current.live(now) and not force:
             raise LeaseHeld(current, now, "Wait for it to finish, or, if that driver is gone "
-                            "for good, rerun with --takeover --force.")
+                            "for good, rerun with --takeover (it waits the lease out) or "
+                            "--takeover --force.")
         if not current.live(now) and not (takeover or force):
             raise LeaseHeld(current, now, "If that driver is gone (crashed, or its host is "
                             "cut off), rerun with --takeover: its writes are refused from then on.")
@@ -113,6 +114,24 @@ def acquire(current: Lease | None, me: Holder, now: float, ttl_s: float, *,
     if current is not None and current.holder == me and not current.released:
         epoch = current.epoch   # acquiring what I already hold is a renewal
     return Lease(holder=me, epoch=epoch, expires_at=now + ttl_s, renewed_at=now)
+
+
+# What a --takeover that found a live lease learns from each later read of it.
+TAKE, WAIT, ALIVE = "take", "wait", "alive"
+
+
+def watch_for_takeover(seen: Lease, current: Lease | None, now: float) -> str:
+    """A just-crashed driver's lease looks live until it expires: so a ``--takeover`` that finds
+    one watches it, as the leader elections of etcd or Kubernetes wait out a holder's lease.
+    :data:`ALIVE`: renewed since ``seen`` (or taken by another driver) -- its driver is alive,
+    and only ``--force`` takes it; :data:`TAKE`: released, or expired unrenewed; :data:`WAIT`:
+    neither yet."""
+    if current is None or current.released:
+        return TAKE
+    if (current.holder, current.epoch) != (seen.holder, seen.epoch) \
+            or current.renewed_at > seen.renewed_at:
+        return ALIVE
+    return WAIT if current.live(now) else TAKE
 
 
 def renew(current: Lease | None, mine: Lease, now: float, ttl_s: float) -> Lease:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import StorageConfig
@@ -33,11 +33,14 @@ class RunStore:
         self.prompts = PromptEmbeddings(location)
         self.lease: DriverLease | None = None
 
-    def take_lease(self, *, takeover: bool = False, force: bool = False) -> DriverLease:
+    def take_lease(self, *, takeover: bool = False, force: bool = False,
+                   on_wait: Callable[[str], None] | None = None) -> DriverLease:
         """Acquire the run's lease (``LeaseHeld`` while another driver holds it; ``takeover``
-        takes an expired one, ``force`` a live one too) and :meth:`hold` it."""
+        takes an expired one, waiting out one that is live but not renewed -- a driver that
+        just crashed -- and saying so through ``on_wait``; ``force`` takes a live one too) and
+        :meth:`hold` it."""
         lease = DriverLease.acquire(self.location, ttl_s=self.config.lease_ttl_s,
-                                    takeover=takeover, force=force)
+                                    takeover=takeover, force=force, on_wait=on_wait)
         self.hold(lease)
         return lease
 

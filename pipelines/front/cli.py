@@ -121,7 +121,8 @@ def _resumed(args: argparse.Namespace, progress):
     from storage import RunStore
 
     store = RunStore.open(args.resume, create=False, writer=True, **_store_options(args))
-    lease = store.take_lease(takeover=args.takeover or args.force, force=args.force)
+    lease = store.take_lease(takeover=args.takeover or args.force, force=args.force,
+                             on_wait=lambda line: print(line, file=sys.stderr, flush=True))
     try:
         from pipelines.front.session import Session
     except BaseException:   # Ctrl-C while it loads: the next driver need not wait it out
@@ -279,9 +280,10 @@ def _add_run(p: argparse.ArgumentParser) -> None:
                         "after a crash, --takeover can take the run that much later (default "
                         "30; shorter means a faster takeover and more reads of the store)")
     p.add_argument("--takeover", action="store_true",
-                   help="with --resume: take the run's lease from a driver that is gone (its "
-                        "lease expired unreleased: a crash or a cut-off host); that driver's "
-                        "writes are refused from then on")
+                   help="with --resume: take the run's lease from a driver that is gone (a "
+                        "crash or a cut-off host): a lease still live is watched until it "
+                        "expires unrenewed (at most --lease-ttl), one renewed meanwhile is "
+                        "refused; that driver's writes are refused from then on")
     p.add_argument("--force", action="store_true",
                    help="with --resume --takeover: take the lease even while it is live (the "
                         "other driver still renews it); it stops at its next write")

@@ -116,7 +116,8 @@ def test_a_store_outage_within_the_patience_costs_a_pause(bench):
 
 
 def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
-    """The driver is SIGKILLed: once its lease expires a driver on another host takes over.
+    """The driver is SIGKILLed and a driver on another host is started at once with
+    --takeover: it waits the unrenewed lease out and takes over.
     The scheduler is killed: the driver stops in one line, and the run resumes on a new
     scheduler on another host. Both end identical to the clean run."""
     found = {"driver_loss": fault_scenarios.driver_loss(bench),
@@ -127,3 +128,5 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
         found
     assert targets_met(found) == {"driver_loss": True, "scheduler_loss": True}, found
     assert found["driver_loss"]["lease_ttl_s"] == pytest.approx(LEASE_TTL_S, abs=0.01), found
+    # It found the lease live (the kill was just before), said so, waited, and took it.
+    assert found["driver_loss"]["takeover_waited_s"] is not None, found

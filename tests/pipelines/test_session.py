@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,8 +169,10 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     with Session.from_config(config, store=str(clean)) as session:
         session.run(2)
 
+    # A lease of 15 s is still live when the takeover below starts (it is at least 10 s away
+    # from expiry at the kill: renewed every third of its TTL).
     proc = subprocess.Popen(_spotlight_cmd("run", "--config", str(tiny_run_yaml), "--iterations",
-                                           "2", "--store", str(killed)),
+                                           "2", "--store", str(killed), "--lease-ttl", "15"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -178,18 +181,21 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
         os.killpg(proc.pid, signal.SIGKILL)   # the driver and every worker process it started
         proc.wait()
     # The killed driver's lease is still live: a plain resume is refused at once, naming it;
-    # the user who killed it takes over.
+    # the user takes over at once, and the takeover waits out the unrenewed lease.
     refused = subprocess.run([sys.executable, "-c", "import sys; from spotlight import main; "
                               "code = main(sys.argv[1:]); print('torch loaded:', 'torch' in "
                               "sys.modules); sys.exit(code)", "run", "--resume", str(killed)],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 3, refused.stdout + refused.stderr
-    assert f"(pid {proc.pid}," in refused.stderr and "--takeover --force" in refused.stderr
+    assert f"(pid {proc.pid}," in refused.stderr and "--takeover" in refused.stderr
     assert "run:" not in refused.stdout   # it stopped before starting a cluster
     assert "torch loaded: False" in refused.stdout   # ... or loading the model code
-    done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed), "--takeover", "--force"),
+    done = subprocess.run(_spotlight_cmd("run", "--resume", str(killed), "--takeover"),
                           capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"lease: held by the driver on host {socket.gethostname()} (pid {proc.pid}" \
+        in done.stderr and "waiting up to" in done.stderr, done.stderr
+    assert "lease: epoch 2" in done.stdout + done.stderr
     assert "resuming" in done.stdout and "within its first iteration" in done.stdout
 
     a, b = RunStore.open(str(clean), create=False), RunStore.open(str(killed), create=False)

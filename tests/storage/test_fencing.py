@@ -31,6 +31,52 @@ def test_a_second_driver_is_refused_while_the_first_holds_the_lease(store_config
         DriverLease.acquire(store.location, ttl_s=60, holder=B)
 
 
+class Clock:
+    """Time that moves only when the waiting driver sleeps; ``during`` runs at each sleep."""
+
+    def __init__(self, during=lambda now: None) -> None:
+        self.now, self.during, self.slept = 1000.0, during, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+        self.during(self.now)
+
+
+def test_a_takeover_right_after_a_crash_waits_the_lease_out_and_says_so(store_config):
+    store = RunStore.open(store_config, writer=True)
+    clock = Clock()
+    crashed = DriverLease.acquire(store.location, ttl_s=30, holder=A, clock=clock)   # never renewed
+    clock.now += 4
+    said = []
+    taken = DriverLease.acquire(store.location, ttl_s=30, holder=B, takeover=True, clock=clock,
+                                sleep=clock.sleep, on_wait=said.append)
+    assert taken.epoch == crashed.epoch + 1 and taken.took_over.holder == A
+    assert 26 <= clock.slept <= 27.5   # the lease's 30 s less the 4 s already gone, and a read
+    assert said == ["lease: held by the driver on host driver-a (pid 11, epoch 1), unrenewed for "
+                    "4 s; waiting up to 26 s for it to expire (a live driver renews it before)"]
+
+
+def test_a_takeover_of_a_lease_renewed_while_it_waits_is_refused(store_config):
+    store = RunStore.open(store_config, writer=True)
+    live = None
+
+    def renewing(now: float) -> None:   # the holder is alive: it renews every third of its TTL
+        if now - live.held.renewed_at >= 10:
+            live.renew()
+
+    clock = Clock(renewing)
+    live = DriverLease.acquire(store.location, ttl_s=30, holder=A, clock=clock)
+    with pytest.raises(LeaseHeld, match=r"renewed while this driver waited.*--takeover --force"):
+        DriverLease.acquire(store.location, ttl_s=30, holder=B, takeover=True, clock=clock,
+                            sleep=clock.sleep, on_wait=lambda line: None)
+    assert clock.slept <= 11   # it stopped at the first renewal, not at an expiry
+    live.verify()   # the lease is still A's
+
+
 def test_after_a_takeover_every_write_of_the_old_driver_is_refused(store_config):
     old = RunStore.open(store_config, writer=True)
     old_lease = DriverLease.acquire(old.location, ttl_s=60, holder=A)

@@ -3,7 +3,19 @@ from __future__ import annotations
 
 import pytest
 
-from storage.lease import Holder, Lease, LeaseHeld, LeaseLost, acquire, release, renew
+from storage.lease import (
+    ALIVE,
+    TAKE,
+    WAIT,
+    Holder,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    acquire,
+    release,
+    renew,
+    watch_for_takeover,
+)
 
 A = Holder(host="driver-a", pid=11, started="2026-11-27T10:00:00Z", token="a" * 8)
 B = Holder(host="driver-b", pid=22, started="2026-11-27T10:05:00Z", token="b" * 8)
@@ -21,8 +33,8 @@ def test_a_second_driver_is_refused_while_the_lease_is_live_and_told_who_holds_i
     with pytest.raises(LeaseHeld, match=r"host driver-a \(pid 11.*epoch 1\); its lease expires "
                                         r"in 20 s\. .*--takeover --force"):
         acquire(held, B, now=110.0, ttl_s=TTL)
-    with pytest.raises(LeaseHeld):   # --takeover alone takes only an expired lease
-        acquire(held, B, now=110.0, ttl_s=TTL, takeover=True)
+    with pytest.raises(LeaseHeld):   # the transition: --takeover takes only an expired lease
+        acquire(held, B, now=110.0, ttl_s=TTL, takeover=True)   # (its driver waits it out)
 
 
 def test_an_expired_lease_needs_takeover_and_the_epoch_moves_on():
@@ -31,6 +43,21 @@ def test_an_expired_lease_needs_takeover_and_the_epoch_moves_on():
         acquire(held, B, now=150.0, ttl_s=TTL)
     taken = acquire(held, B, now=150.0, ttl_s=TTL, takeover=True)
     assert (taken.holder, taken.epoch, taken.expires_at) == (B, 2, 180.0)
+
+
+def test_a_takeover_watching_a_live_lease_takes_it_once_it_expires_unrenewed():
+    seen = acquire(None, A, now=100.0, ttl_s=TTL)
+    assert watch_for_takeover(seen, seen, now=110.0) == WAIT
+    assert watch_for_takeover(seen, seen, now=130.0) == TAKE   # expired, never renewed
+    assert watch_for_takeover(seen, release(seen, seen, 105.0), now=105.0) == TAKE
+    assert watch_for_takeover(seen, None, now=105.0) == TAKE
+
+
+def test_a_lease_renewed_or_taken_while_watched_means_its_driver_is_alive():
+    seen = acquire(None, A, now=100.0, ttl_s=TTL)
+    assert watch_for_takeover(seen, renew(seen, seen, 110.0, TTL), now=111.0) == ALIVE
+    other = acquire(seen, B, now=131.0, ttl_s=TTL, takeover=True)   # another driver was faster
+    assert watch_for_takeover(seen, other, now=132.0) == ALIVE
 
 
 def test_force_takes_a_live_lease():
