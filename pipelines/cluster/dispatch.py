@@ -45,7 +45,7 @@ from spotlight.scheduling.dispatch import (
     WorkerState,
 )
 from spotlight.scheduling.dispatch_events import event_record
-from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
+from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch, unheard
 from storage import StreamOvertakenError
 
 EventFn = Callable[[str, dict], None]
@@ -224,6 +224,7 @@ class RequestPool:
 
     def _sync_workers(self) -> None:
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        self._check_heartbeats(workers)
         for addr in sorted(set(self._cut_off.at) & set(workers)):   # a partition healed
             if self._cut_off.may_rejoin(addr, workers[addr].get("last_seen", 0.0), _REJOIN_GRACE_S):
                 name = str(workers[addr].get("name", addr))
@@ -274,6 +275,16 @@ class RequestPool:
         self._apply(self._handle(WorkerLost(addr)))
         del self._addresses[addr]
 
+    def _check_heartbeats(self, workers: dict[str, dict]) -> None:
+        """A worker of this pool the scheduler has not heard from for
+        ``heartbeat_silence_s`` is cut off (a partition), whatever its step time."""
+        limit = self.config.heartbeat_silence_s
+        if not limit:
+            return
+        last_seen = {a: float(i["last_seen"]) for a, i in workers.items() if "last_seen" in i}
+        for addr, quiet in unheard(last_seen, self._addresses, limit).items():
+            self._cut(addr, quiet, "heartbeat", limit)
+
     def _check_liveness(self, now: float) -> None:
         """Read the committed step of every running request; a worker whose requests went
         silent past the deadline is treated as lost (its requests resume elsewhere)."""
@@ -284,15 +295,21 @@ class RequestPool:
             else:
                 self._watch.progressed(request, self._committed(request)[0], now)
         for addr, quiet in sorted(self._watch.silent(now).items()):
+            self._cut(addr, quiet, "progress", self._watch.deadline_s())
+
+    def _cut(self, addr: str, quiet: float, by: str, deadline: float) -> None:
+        """``addr`` went silent (``by`` its heartbeats or its requests' progress): cut off, and
+        lost to this pool -- its requests resume elsewhere."""
+        if self._watch is not None:
             self._watch.forget_worker(addr)
-            if addr not in self._addresses:
-                continue
-            self._note("silent", worker=self._addresses[addr], silent_s=round(quiet, 1),
-                       deadline_s=round(self._watch.deadline_s(), 1))
-            self.on_event("dispatch", {"what": "silent", "worker": self._addresses[addr],
-                                       "silent_s": quiet})
-            self._cut_off.cut(addr, time.time())
-            self._lose(addr)
+        if addr not in self._addresses:
+            return
+        self._note("silent", worker=self._addresses[addr], silent_s=round(quiet, 1),
+                   deadline_s=round(deadline, 1), by=by)
+        self.on_event("dispatch", {"what": "silent", "worker": self._addresses[addr],
+                                   "silent_s": quiet, "by": by})
+        self._cut_off.cut(addr, time.time())
+        self._lose(addr)
 
     def _report_progress(self, addr: str) -> None:
         """Tell the dispatcher how far the requests of ``addr`` got (their committed step in the

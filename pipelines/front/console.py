@@ -56,6 +56,12 @@ def preemption_line(kind: str, info: dict) -> str | None:
                 f"wait (up to {info['wait_s']:g} s, then their seeds are random)")
     if kind == "dispatch" and info.get("what") == "gave_up":
         return f"spot: gave up waiting: {info['reason']}"
+    if kind == "dispatch" and info.get("what") == "silent":
+        how = "no heartbeat" if info.get("by") == "heartbeat" else "no committed step"
+        return (f"cut off: {info['worker']} ({how} for {info['silent_s']:.0f} s); its requests "
+                "resume elsewhere from their last committed step")
+    if kind == "dispatch" and info.get("what") == "rejoined":
+        return f"rejoined: {info['worker']} is heard from again"
     if kind == "injector" and info.get("kind") in ("kill", "notice", "start", "no_spot_left",
                                                     "injector_error"):
         what = {"kill": "SIGKILL (no notice)", "notice": "SIGTERM notice", "start": "started",

@@ -315,6 +315,12 @@ class PreemptionConfig(Validated):
                                        "the stage gives up on them (the seeds they were for "
                                        "are then random, and recorded as filled).",
                                  range=(0.0, 86400.0))
+    heartbeat_silence_s: float = spec(20.0, "A worker the scheduler has not heard from for this "
+                                            "long (its heartbeats, about one a second) is cut "
+                                            "off: its requests resume elsewhere and it gets no "
+                                            "more of the stage until it is heard from again -- a "
+                                            "partition is found in this time, whatever the step "
+                                            "time. 0: off.", range=(0, 86400.0))
     liveness_steps: float = spec(20.0, "A request with no new committed step for this many step "
                                        "times has a cut-off worker: it resumes elsewhere, that "
                                        "worker gets no more of the stage. 0: off.", range=(0, 1e4))

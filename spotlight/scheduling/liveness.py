@@ -1,4 +1,5 @@
-"""Liveness from progress: a worker whose requests stop committing steps is taken as cut off.
+"""Liveness: a worker whose heartbeats stop, or whose requests stop committing steps, is taken
+as cut off.
 
 A worker behind a network partition keeps running (and may write later), but the scheduler
 only drops it when Dask's worker TTL (5 minutes by default) or a TCP time-out runs out. Its
@@ -9,14 +10,21 @@ request with no new committed step for ``factor`` times the measured step time (
 attempt's first step may include loading weights (a new version every iteration), so until it
 commits one it is allowed ``cold_s``.
 
-Pure: the glue feeds it the attempts it starts and the committed steps it reads from the run
-store, with its clock; ``silent(now)`` names the workers to treat as lost.
+Heartbeats come first (:func:`unheard`): the scheduler's record of when it last heard from each
+worker finds a partition in a fixed time, whatever the step time -- a 1280² Qwen-Image step of
+5.5 s would make 20 step times almost two minutes. Progress stays for a worker that still
+reaches the scheduler but not the store.
+
+Pure: the glue feeds it the attempts it starts, the committed steps it reads from the run store
+and the scheduler's heartbeat times, with its clock; ``silent(now)`` and ``unheard`` name the
+workers to treat as lost.
 """
 from __future__ import annotations
 
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,24 @@ class ProgressWatch:
         for request in gone:
             del self.running[request]
         return gone
+
+
+def unheard(last_seen: dict[str, float], watched: Iterable[str],
+            limit_s: float) -> dict[str, float]:
+    """Workers of ``watched`` the scheduler has not heard from (``last_seen``: each worker's
+    last heartbeat, on the scheduler's clock) for longer than ``limit_s``, with how long.
+
+    Silence is measured against the freshest heartbeat of any worker -- a healthy worker beats
+    every second or so -- rather than against this host's clock, so clock skew between the
+    scheduler's host and the driver's does not count. A partition stops a worker's heartbeats
+    whatever its step time: this finds it in ``limit_s``, where committed steps need many step
+    times (:class:`ProgressWatch`, which still finds a worker that reaches the scheduler but not
+    the store)."""
+    if not last_seen:
+        return {}
+    newest = max(last_seen.values())
+    return {w: newest - last_seen[w] for w in sorted(watched)
+            if w in last_seen and newest - last_seen[w] > limit_s}
 
 
 @dataclass

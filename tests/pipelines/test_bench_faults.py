@@ -16,11 +16,11 @@ from tests.pipelines.conftest import run_quick_bench, write_tiny_world
 
 pytestmark = pytest.mark.timeout(1800)
 
-# Requests long enough that one is under way on the host a partition cuts off; a driver
-# that lost its scheduler stops after 8 s of it (the default, 30 s, waits out a restart).
+# Requests long enough that one is under way on the host a partition cuts off, found by its
+# heartbeats in 10 s here (20 by default); a driver that lost its scheduler stops after 8 s of
+# it (the default, 30 s, waits out a restart).
 TEST_SIZE = {"sampler.num_steps": 60, "exploration.candidates": 24,
-             "preemption.liveness_first_s": 10, "preemption.liveness_floor_s": 5,
-             "cluster.worker_wait_s": 8}
+             "preemption.heartbeat_silence_s": 10, "cluster.worker_wait_s": 8}
 # A killed driver's run is taken over once its lease expires: 10 s after its last renewal here
 # (`spotlight run --lease-ttl`), 30 by default.
 LEASE_TTL_S = 10

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 
 import numpy as np
@@ -11,6 +14,7 @@ import torch
 from pipelines.cluster import dispatch as dispatch_glue
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.injector import SpotFleet
+from pipelines.front.console import preemption_line
 from pipelines.front.session import Session
 from pipelines.run import tasks
 from pipelines.run.rollout import newcomer_warm_up
@@ -247,3 +251,47 @@ def test_a_trace_that_removes_every_spot_worker_says_so_and_falls_back_to_random
     # Nothing was explored for iteration 1: its seeds are random, and the row says so.
     assert history.loc[0, "explored"] == 0
     assert history.loc[0, "filled"] == config.grpo.prompts_per_iteration * config.grpo.group_size
+
+
+def test_a_frozen_worker_is_cut_off_by_its_silent_heartbeats_and_its_request_resumes(
+        tiny_run_yaml, tmp_path):
+    """A worker that stops answering (SIGSTOP: as behind a partition, its process alive) is
+    found by the heartbeats the scheduler stops hearing -- committed-step progress is off
+    here, and Dask itself would wait its worker TTL (5 minutes) -- and its request resumes on
+    the other spot worker, computing what an undisturbed attempt computes."""
+    config = load_config(tiny_run_yaml, {"sampler.num_steps": 300, "cluster.spot_workers": 2,
+                                         "preemption.heartbeat_silence_s": 3,
+                                         "preemption.liveness_steps": 0})
+    seeds = np.arange(3)
+    with Session.from_config(config, store=str(tmp_path / "run")) as session:
+        store, client = session.store, session.cluster.client
+        clean = RequestPool(session.cluster, [explore_spec(session, "clean", seeds)],
+                            config.preemption, store=store)
+        clean.wait(300)
+        reference = clean.close()["r"]
+        said = []   # what the console prints of the pool's events
+        pool = RequestPool(session.cluster, [explore_spec(session, "frozen", seeds)],
+                           config.preemption, store=store,
+                           on_event=lambda kind, info: said.append(preemption_line(kind, info)))
+        stage = tasks.stage_name(0, "frozen")
+        wait_until(lambda: store.latents.commit_record(stage, REQUEST), 300, "a committed step")
+        with pool._lock:
+            frozen = pool.dispatcher.requests["r"].worker
+        [pid] = client.run(os.getpid, workers=[frozen]).values()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert pool.wait(300), "the frozen worker's request never finished elsewhere"
+            out = pool.close()["r"]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    silent = [e for e in pool.log if e["kind"] == "silent"]
+    assert len(silent) == 1 and silent[0]["by"] == "heartbeat", pool.log
+    [line] = [line for line in said if line and line.startswith("cut off:")]
+    assert re.fullmatch(rf"cut off: {re.escape(silent[0]['worker'])} \(no heartbeat for \d+ s\); "
+                        "its requests resume elsewhere from their last committed step", line)
+    assert [e["worker"] for e in pool.log if e["kind"] == "worker_lost"] == \
+        [silent[0]["worker"]], pool.log
+    np.testing.assert_array_equal(out.rewards, reference.rewards)
+    run = RunStore.open(str(tmp_path / "run"), create=False)
+    np.testing.assert_array_equal(np.asarray(run.read_trajectory(stage, REQUEST)),
+                                  np.asarray(run.read_trajectory("iter-0/clean", REQUEST)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch
+from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch, unheard
 
 
 def test_before_any_step_is_measured_the_cold_deadline_applies():
@@ -80,3 +80,13 @@ def test_a_cut_off_worker_rejoins_once_the_scheduler_hears_from_it_and_only_once
     cut.cut("w1", now=200.0)
     assert not cut.may_rejoin("w1", last_seen=300.0, grace_s=5.0) and "w1" in cut
     assert not cut.may_rejoin("never-cut", last_seen=300.0, grace_s=5.0)
+
+
+def test_a_worker_unheard_past_the_limit_is_named_against_the_freshest_heartbeat():
+    """Silence counts from the freshest heartbeat the scheduler holds, not this host's clock
+    (the scheduler's clock may be minutes off ours): only the watched workers are named."""
+    last_seen = {"w1": 5000.0, "w2": 4980.5, "w3": 4970.0, "gpu": 4999.5}
+    assert unheard(last_seen, ["w1", "w2", "w3"], 20.0) == {"w3": 30.0}
+    assert unheard(last_seen, ["w1", "w2"], 20.0) == {}
+    assert unheard(last_seen, ["w3", "gone"], 35.0) == {}   # a worker Dask removed: not ours
+    assert unheard({}, ["w1"], 20.0) == {}
