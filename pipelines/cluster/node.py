@@ -9,7 +9,8 @@ container's main process only, and SLURM the job's processes. So this launcher i
 process: it starts ``--workers`` ``dask worker --no-nanny`` processes, each named
 ``NAME-i`` (and given dashboard port ``P+i`` when a port was asked), passes on every SIGTERM
 and SIGINT to all of them, starts a new one in place of one that exits while the node is not
-stopping (a nanny's restart), and exits when all have exited after a signal. Each worker
+stopping (a nanny's restart), and exits when all have exited after a signal -- killing one
+still running :data:`STOP_GRACE_S` after it. Each worker
 claims a device of its own when the driver registers the project's set-up
 (:mod:`pipelines.cluster.devices`).
 """
@@ -23,6 +24,9 @@ import time
 
 POLL_S = 0.5
 RESTART_PAUSE_S = 1.0   # a worker that dies at once is not restarted in a tight loop
+# After a stop signal, how long a worker may take to close before it is killed (within
+# Kubernetes' default termination grace of 30 s: the kubelet would kill it anyway).
+STOP_GRACE_S = 25.0
 
 
 def worker_command(args: list[str], index: int) -> list[str]:
@@ -50,17 +54,26 @@ class Node:
     def __init__(self, count: int, args: list[str]) -> None:
         self.count, self.args = count, args
         self.workers: dict[int, subprocess.Popen] = {}
-        self.stopping = False
+        self.stopping, self.stop_at = False, 0.0
 
     def start(self, index: int) -> None:
         self.workers[index] = subprocess.Popen(worker_command(self.args, index))
 
     def stop(self, signum: int, _frame=None) -> None:
         """Pass the signal on to every worker, and start no new one from now on."""
-        self.stopping = True
+        if not self.stopping:
+            self.stopping, self.stop_at = True, time.monotonic()
         for worker in self.workers.values():
             if worker.poll() is None:
                 worker.send_signal(signum)
+
+    def kill_stragglers(self) -> None:
+        """Kill the workers still running :data:`STOP_GRACE_S` after the stop signal."""
+        for index, worker in self.workers.items():
+            if worker.poll() is None:
+                print(f"spotlight node: worker {index} did not stop within {STOP_GRACE_S:g} s "
+                      "of the signal; killing it", file=sys.stderr, flush=True)
+                worker.kill()
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.stop)
@@ -71,6 +84,8 @@ class Node:
             exited = {i: w.returncode for i, w in self.workers.items() if w.poll() is not None}
             if self.stopping and len(exited) == len(self.workers):
                 return 0   # asked to stop, and every worker has
+            if self.stopping and time.monotonic() - self.stop_at > STOP_GRACE_S:
+                self.kill_stragglers()
             if not self.stopping:
                 for index, code in exited.items():
                     print(f"spotlight node: worker {index} exited ({code}); starting another",

@@ -139,11 +139,11 @@ def test_the_node_launcher_runs_a_worker_per_gpu_and_passes_sigterm_on(tmp_path)
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
          "--port", str(port), "--no-dashboard"], cwd=tmp_path, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True)
+    said = open(tmp_path / "node.log", "w")   # the launcher's and its workers' own lines
     node = subprocess.Popen(
         [sys.executable, "-m", "pipelines.cluster.node", "--workers", "3", "--", address,
          "--name", "node7", "--resources", "gpu=1", "--nthreads", "1", "--no-dashboard"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        cwd=tmp_path, stdout=said, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with Client(address, timeout=60) as client:
             client.wait_for_workers(3, timeout=120)
@@ -156,15 +156,22 @@ def test_the_node_launcher_runs_a_worker_per_gpu_and_passes_sigterm_on(tmp_path)
             victim = sorted(pids)[0]
             os.kill(pids[victim], signal.SIGKILL)
             deadline = time.monotonic() + 120
-            while len(live_workers(client)) != 3 or victim in live_workers(client):
+            while True:   # one look at a time: the victim may still be listed beside two others
+                now = live_workers(client)
+                if len(now) == 3 and victim not in now:
+                    break
                 assert time.monotonic() < deadline, "the launcher did not start another worker"
                 time.sleep(0.2)
             survivors = set(client.run(os.getpid).values())
+            assert len(survivors) == 3
             os.kill(node.pid, signal.SIGTERM)
-            assert node.wait(timeout=120) == 0
+            assert node.wait(timeout=120) == 0, (tmp_path / "node.log").read_text()[-3000:]
         for pid in survivors:   # every worker ended with its launcher
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+        log = (tmp_path / "node.log").read_text()
+        assert log.count("Received signal SIGTERM") == 3, log[-3000:]   # each heard it
     finally:
         kill_tree(node)
         kill_tree(scheduler)
+        said.close()
