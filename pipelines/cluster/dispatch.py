@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
 from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
+from pipelines.cluster.worker_setup import add_missing_plugins
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch import (
     Assign,
@@ -228,7 +229,8 @@ class RequestPool:
         for addr in sorted(set(self._cut_off.at) & set(workers)):   # a partition healed
             if self._cut_off.may_rejoin(addr, workers[addr].get("last_seen", 0.0), _REJOIN_GRACE_S):
                 name = str(workers[addr].get("name", addr))
-                self._note("rejoined", worker=name)
+                self._note("rejoined", worker=name,   # with the plugins it missed while away
+                           plugins_added=add_missing_plugins(self.client, addr))
                 self.on_event("dispatch", {"what": "rejoined", "worker": name})
         now = {addr: info for addr, info in workers.items()
                if _worker_class(info, self.resources) is not None

@@ -151,3 +151,28 @@ def spotlight_worker_setup(threads: int, spot_nice: int = 0, http: bool = True,
                 self.runtime.clear()   # the run's models go with the worker
 
     return SpotlightWorkerSetup(threads, spot_nice, http, devices_per_node)
+
+
+def add_missing_plugins(client, address: str) -> list[str] | str:
+    """Give the worker at ``address`` every worker plugin the scheduler holds that it lacks;
+    the names added (or why none could be: it may be gone again). The scheduler sends a plugin
+    registered later to the workers it reaches then, and a worker cut off by a partition that
+    rejoins without registering anew (its connection survived) never gets it."""
+    try:
+        plugins = client.run_on_scheduler(_scheduler_plugins)
+        return client.run(_add_plugins, plugins, workers=[address])[address]
+    except Exception as exc:  # noqa: BLE001 - the caller goes on; the answer says why
+        return f"not added: {type(exc).__name__}: {exc}"
+
+
+def _scheduler_plugins(dask_scheduler) -> dict:
+    return dict(dask_scheduler.worker_plugins)
+
+
+async def _add_plugins(plugins: dict, dask_worker) -> list[str]:
+    added = []
+    for name, plugin in plugins.items():
+        if name not in dask_worker.plugins:
+            await dask_worker.plugin_add(plugin=plugin, name=name)
+            added.append(name)
+    return added

@@ -54,3 +54,39 @@ def test_a_killed_worker_comes_back_even_when_the_lost_worker_timeout_fires_firs
             assert handle.cluster.workers["gpu-0"].status.name == "running"
         finally:
             handle.close()
+
+
+class Marker:
+    """A worker plugin that leaves a mark in its worker (pickled to each worker)."""
+
+    name = "test-marker"
+
+    def setup(self, worker) -> None:
+        worker.marked = True
+
+
+def test_a_worker_that_missed_a_plugin_gets_every_missing_one_and_only_those(tmp_path):
+    """As a worker that rejoins after a partition: it lacks a plugin the scheduler sent while it
+    was cut off (removed here), and is given it; a worker that has all is given none."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    from pipelines.cluster.worker_setup import add_missing_plugins
+
+    handle = start_embedded(ClusterConfig(gpu_workers=1, spot_workers=1, dashboard=False),
+                            log_file=tmp_path / "dask.log")
+    try:
+        client = handle.client
+        client.register_plugin(type("MarkerPlugin", (Marker, WorkerPlugin), {})())
+        away, present = sorted(live_workers(client))
+
+        async def forget(dask_worker):
+            await dask_worker.plugin_remove("test-marker")
+            del dask_worker.marked
+
+        client.run(forget, workers=[away])
+        assert add_missing_plugins(client, present) == []
+        assert add_missing_plugins(client, away) == ["test-marker"]
+        marks = client.run(lambda dask_worker: getattr(dask_worker, "marked", False))
+        assert marks == {away: True, present: True}
+    finally:
+        handle.close()
