@@ -56,8 +56,8 @@ def model_of() -> torch.nn.Module:
     return QwenImageTransformer2DModel(**CONFIG).train()
 
 
-def batch(step: int) -> tuple[dict, torch.Tensor]:
-    """Step ``step``'s inputs and the velocity the loss regresses to."""
+def batch(step: int, device: torch.device | str = "cpu") -> tuple[dict, torch.Tensor]:
+    """Step ``step``'s inputs and the velocity the loss regresses to, on ``device``."""
     g = torch.Generator().manual_seed(1000 + step)
     inputs = {"hidden_states": torch.randn(ROWS, SIDE * SIDE, 16, generator=g),
               "encoder_hidden_states": torch.randn(ROWS, TEXT, 32, generator=g),
@@ -65,16 +65,19 @@ def batch(step: int) -> tuple[dict, torch.Tensor]:
               "timestep": torch.rand(ROWS, generator=g),
               "img_shapes": [[(1, SIDE, SIDE)]] * ROWS}
     packed = CONFIG["patch_size"] ** 2 * CONFIG["out_channels"]   # the output of a token
-    return inputs, torch.randn(ROWS, SIDE * SIDE, packed, generator=g)
+    target = torch.randn(ROWS, SIDE * SIDE, packed, generator=g)
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return moved, target.to(device)
 
 
-def loss_on(model: torch.nn.Module, step: int, rows: slice) -> torch.Tensor:
+def loss_on(model: torch.nn.Module, step: int, rows: slice,
+            device: torch.device | str = "cpu") -> torch.Tensor:
     """The mean squared error over ``rows`` weighted by their share of the batch: summed over
     the members, the gradient of the whole batch's mean."""
-    inputs, target = batch(step)
+    inputs, target = batch(step, device)
     mine = {k: v[rows] for k, v in inputs.items()}
     out = model(**mine, return_dict=False)[0]
-    return (out - target[rows]).pow(2).mean() * ((rows.stop - rows.start) / ROWS)
+    return (out.float() - target[rows]).pow(2).mean() * ((rows.stop - rows.start) / ROWS)
 
 
 def single_process(steps: int) -> list[dict]:
@@ -130,7 +133,7 @@ def sharded_step(epoch: int, spec: ShardedStep) -> dict:
                 "loaded": loaded, "step_s": step_s}
 
 
-def _largest_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+def largest_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     if a.keys() != b.keys():
         raise RuntimeError(f"bench sharded: the sharded step's tensors ({len(a)}) are not the "
                            f"single-process step's ({len(b)})")
@@ -164,7 +167,7 @@ def bench_sharded(quick: bool = False, workers: int | None = None, **_: object) 
             out = group.run(lambda: members[:world], sharded_step, ShardedStep(1, save_to=saved))
             written[world] = out["weights"]
             sizes[str(world)] = {
-                "max_abs_diff": _largest_diff(out["gradients"], reference[0]["gradients"]),
+                "max_abs_diff": largest_diff(out["gradients"], reference[0]["gradients"]),
                 "bytes_per_rank": out["bytes"],
                 "bytes_per_rank_ratio": max(out["bytes"]) / reference[0]["bytes"],
                 "step_s": out["step_s"]}
@@ -173,8 +176,8 @@ def bench_sharded(quick: bool = False, workers: int | None = None, **_: object) 
                             ShardedStep(2, load_from=f"file://{folder}/checkpoint-{writer}"))
             resumes.append({"written_by": writer, "resumed_by": resumed,
                             # what it loaded against what the writers held: the round trip
-                            "loaded_max_abs_diff": _largest_diff(out["loaded"], written[writer]),
-                            "max_abs_diff": _largest_diff(out["weights"],
+                            "loaded_max_abs_diff": largest_diff(out["loaded"], written[writer]),
+                            "max_abs_diff": largest_diff(out["weights"],
                                                           reference[1]["weights"])})
     return {"bench": "sharded", "workers": workers, "lr": LR, "parameters": sum(
                 t.numel() for t in reference[0]["weights"].values()),

@@ -4,9 +4,9 @@ A multi-GPU node's groups are NCCL's where the model computes on CUDA and gloo's
 (:func:`spotlight.models.device.collective_backend`). This part forms the group the way the
 training group forms one (:func:`spotlight.parallel.process_groups.open_group`, on a TCP
 rendezvous) -- one rank: NCCL refuses two ranks on one device, and a lent machine has one --
-checks an all-reduce over it, then takes one sharded training step of the tiny real-format
-transformer over it (:mod:`spotlight.parallel.sharded`, FSDP2) against the same step unsharded,
-in fp32 and with bf16 compute (mixed precision, as the anchors train).
+checks an all-reduce over it, then takes one sharded training step of ``bench sharded``'s tiny
+real-format transformer over it (:mod:`spotlight.parallel.sharded`, FSDP2) against the same
+step unsharded, in fp32 and with bf16 compute (mixed precision, as the anchors train).
 """
 from __future__ import annotations
 
@@ -17,44 +17,24 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pipelines.bench.sharded import ROWS, loss_on, model_of
 from pipelines.gpu.record import Record
 from spotlight.models.device import collective_backend
 from spotlight.parallel.process_groups import as_default, close_group, open_group
 from spotlight.parallel.sharded import full_gradients, shard_module
 
 TIMEOUT = timedelta(seconds=60)
-ROWS, SIDE, TEXT = 2, 8, 8
-
-
-def _transformer(device: torch.device) -> torch.nn.Module:
-    from diffusers import QwenImageTransformer2DModel
-
-    torch.manual_seed(0)
-    return QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=32,
-        num_attention_heads=4, joint_attention_dim=32, axes_dims_rope=(8, 12, 12)).to(device)
-
-
-def _loss(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1)
-    inputs = {"hidden_states": torch.randn(ROWS, SIDE * SIDE, 16, generator=g),
-              "encoder_hidden_states": torch.randn(ROWS, TEXT, 32, generator=g),
-              "encoder_hidden_states_mask": torch.ones(ROWS, TEXT, dtype=torch.long),
-              "timestep": torch.rand(ROWS, generator=g)}
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    out = model(**inputs, img_shapes=[[(1, SIDE, SIDE)]] * ROWS, return_dict=False)[0]
-    return out.float().pow(2).mean()
 
 
 def sharded_step(group, device: torch.device, param_dtype: torch.dtype | None) -> dict:
     """One sharded step against the unsharded one: the largest gradient difference, times."""
-    whole = _transformer(device)
+    whole = model_of().to(device)
     sharded = copy.deepcopy(whole)
     shard_module(sharded, group, list(sharded.transformer_blocks), param_dtype)
-    _loss(whole, device).backward()
+    loss_on(whole, 1, slice(0, ROWS), device).backward()
     expected = full_gradients(whole)
     started = time.perf_counter()
-    _loss(sharded, device).backward()
+    loss_on(sharded, 1, slice(0, ROWS), device).backward()
     optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-5)
     optimizer.step()
     if device.type == "cuda":

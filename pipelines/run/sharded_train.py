@@ -22,7 +22,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pipelines.parallel import training
@@ -33,9 +32,7 @@ from pipelines.run.dp_train import on_training_group
 from spotlight.parallel.process_groups import as_default
 from spotlight.parallel.sharded import full_tensors, load_sharded, save_sharded, shard_module
 from spotlight.rewards import check_rewards
-from spotlight.rl.grpo import Advantages
 from spotlight.rl.objectives import build_trainer
-from spotlight.rl.trainer import Rollout
 from storage.checkpoints import OPTIMIZER_SHARDS
 
 
@@ -79,7 +76,7 @@ def sharded_train_task(epoch: int, config, store, request: tasks.TrainRequest) -
             _load_moments(store, version, student, trainer.optimizer)
             trainer.peers = sharded
             try:
-                stats = trainer.train(_batch(rollout, request), _advantages(request),
+                stats = trainer.train(*tasks.training_batch(rollout, request),
                                       rollout.iteration)
             finally:
                 trainer.peers = None
@@ -88,7 +85,7 @@ def sharded_train_task(epoch: int, config, store, request: tasks.TrainRequest) -
                          store.storage_options, weights=False)
         ctx.policy.transformer.load_state_dict(trained)
         ctx.version, ctx.trainer_version = version + 1, None   # ctx.trainer's moments are old
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in ctx.policy.state_dict().items()}
+        weights = tasks.on_host(ctx.policy.state_dict())
     return {"weights": weights, "optimizer_state": None, "stats": stats,
             "checkpoint_metadata": {"optimizer": OPTIMIZER_SHARDS, "sharded_over": peers.world},
             "record": tasks.task_record("train", rollout.iteration, start, version,
@@ -103,17 +100,6 @@ def _trainer(ctx: tasks.WorkerContext):
         ctx.policy_at(0)
         ctx.sharded_trainer = build_trainer(ctx.config, ctx.policy, ctx.reward_fn, check_rewards)
     return ctx.sharded_trainer
-
-
-def _batch(rollout, request: tasks.TrainRequest) -> Rollout:
-    group = request.rewards.shape[1]
-    flat = [p for p in request.prompts for _ in range(group)]
-    return Rollout(flat, [], rollout.trajectory, np.empty(0), request.rewards)
-
-
-def _advantages(request: tasks.TrainRequest) -> Advantages:
-    adv = request.advantages
-    return Advantages(adv["values"], adv["kept"], adv["group_std"])
 
 
 def _load_moments(store, version: int, student, optimizer) -> None:

@@ -249,24 +249,28 @@ def advantages_task(config: RunConfig, iteration: int, rewards: np.ndarray, vers
             "record": task_record("advantages", iteration, start, version)}
 
 
+def training_batch(rollout: RolloutOutput, request: TrainRequest) -> tuple[Rollout, Advantages]:
+    """What a trainer steps on: the rollout's samples, each with its prompt, and their
+    advantages."""
+    group = request.rewards.shape[1]
+    flat = [p for p in request.prompts for _ in range(group)]
+    adv = request.advantages
+    return (Rollout(flat, [], rollout.trajectory, np.empty(0), request.rewards),
+            Advantages(adv["values"], adv["kept"], adv["group_std"]))
+
+
 def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
                request: TrainRequest, peers=None) -> dict:
     """One Flow-GRPO update θ_version -> θ_version+1; returns the new state for the checkpoint.
     With data-parallel ``peers`` (:mod:`pipelines.parallel.training`) this worker computes its
     share and every peer takes the same step."""
-    start = time.time()
-    prompts, rewards, advantages, version = (request.prompts, request.rewards,
-                                             request.advantages, request.version)
+    start, version = time.time(), request.version
     ctx = context(config, store)
-    group = rewards.shape[1]
     with ctx.lock:
         trainer = ctx.trainer_at(version)
-        flat = [p for p in prompts for _ in range(group)]
-        batch = Rollout(flat, [], rollout.trajectory, np.empty(0), rewards)
-        adv = Advantages(advantages["values"], advantages["kept"], advantages["group_std"])
         trainer.peers = peers
         try:
-            stats = trainer.train(batch, adv, rollout.iteration)
+            stats = trainer.train(*training_batch(rollout, request), rollout.iteration)
         except BaseException:
             ctx.version = ctx.trainer_version = None   # a step cut half-way: reload to retry
             raise
@@ -275,8 +279,7 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
         ctx.version = ctx.trainer_version = version + 1
         # On the host: the result travels to the checkpoint writer and the driver, which need
         # no GPU (and would hold a CUDA context in every process that unpickled it).
-        weights = {k: v.detach().to("cpu", copy=True)
-                   for k, v in trainer.policy.state_dict().items()}
+        weights = on_host(trainer.policy.state_dict())
         optimizer_state = on_host(trainer.optimizer.state_dict())
     info = {} if peers is None else {"data_parallel": peers.world}
     return {"weights": weights, "optimizer_state": optimizer_state, "stats": stats,

@@ -8,6 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from pipelines.bench.sharded import largest_diff
 from pipelines.cluster import start_embedded
 from pipelines.front.session import Session
 from spotlight.config import ConfigError, from_stored, load_config
@@ -52,19 +53,14 @@ def sharded(run_yaml, tmp_path_factory):
                 **{"parallel.shard_training": True})
 
 
-def _largest_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
 def test_sharded_training_takes_the_data_parallel_steps(sharded, data_parallel):
     assert [t.get("sharded") for t in sharded["trains"]] == [2, 2]
     assert [t.get("data_parallel") for t in data_parallel["trains"]] == [2, 2]
     for mine, theirs in zip(sharded["weights"], data_parallel["weights"]):
-        moved = _largest_diff(mine, {k: v * 0 for k, v in mine.items()})
+        moved = largest_diff(mine, {k: v * 0 for k, v in mine.items()})
         assert moved > 0
         # The same sums in another order (reduce-scatter against all-reduce); 3e-8 measured
-        assert _largest_diff(mine, theirs) < 1e-6
+        assert largest_diff(mine, theirs) < 1e-6
 
 
 def test_the_optimizer_state_is_stored_as_shards_beside_whole_weights(sharded):
@@ -85,7 +81,7 @@ def test_a_sharded_run_resumes_on_three_gpu_workers(run_yaml, sharded, tmp_path)
         session.run(1)
         resumed = _outcome(session.store, 2)
     assert [t.get("sharded") for t in resumed["trains"]] == [2, 3]
-    assert _largest_diff(resumed["weights"][1], sharded["weights"][1]) < 1e-6
+    assert largest_diff(resumed["weights"][1], sharded["weights"][1]) < 1e-6
 
 
 def test_shard_training_refuses_an_objective_whose_passes_differ_by_member(run_yaml):
