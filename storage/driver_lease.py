@@ -34,6 +34,7 @@ class DriverLease:
                  clock: Callable[[], float] = time.time) -> None:
         self.location = location
         self.held = held
+        self.acquired_at = held.renewed_at   # when it was taken (Unix time): the event's time
         self.ttl_s, self._clock = ttl_s, clock
         self.lost: DriverFenced | None = None
         self.took_over: Lease | None = None   # the unreleased lease this one replaced
@@ -52,7 +53,8 @@ class DriverLease:
 
     def event(self) -> dict:
         """What the run's event log keeps of this lease (the ``lease`` event)."""
-        out = {"epoch": self.epoch, "host": self.held.holder.host, "pid": self.held.holder.pid}
+        out = {"epoch": self.epoch, "host": self.held.holder.host, "pid": self.held.holder.pid,
+               "at": self.acquired_at}
         if self.took_over is not None:
             old = self.took_over
             out["took_over_from"] = {"host": old.holder.host, "pid": old.holder.pid,

@@ -20,6 +20,7 @@ import fsspec
 
 from .config import StorageConfig
 from .errors import StorageUnavailableError
+from .operations import count as count_operation
 from .retry import RetryPolicy, call_with_retry, register_secret, scrub
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class RunLocation:
     # -- small objects ------------------------------------------------------------------------
     def retry(self, fn: Callable[[], T], what: str, *parts: str) -> T:
         """``fn()`` with retries; a final error names ``what``, the object and the endpoint."""
+        count_operation(what)
         return call_with_retry(fn, what=what, url=self.child_url(*parts), policy=self.policy,
                                endpoint=self.endpoint_url)
 

@@ -32,14 +32,55 @@ def requests_lost(clean: RunStore, faulted: RunStore, iterations: int) -> int:
 
 def identical_runs(clean: RunStore, faulted: RunStore, iterations: int) -> bool:
     """The same final weights and the same rewards and seeds, bit for bit."""
-    if faulted.latest_checkpoint() is None or faulted.latest_checkpoint() < iterations:
-        return False
-    wa, wb = clean.load_checkpoint(iterations), faulted.load_checkpoint(iterations)
-    same = wa.weights.keys() == wb.weights.keys() and all(
-        np.array_equal(t.numpy(), wb.weights[n].numpy()) for n, t in wa.weights.items())
+    return not run_differences(clean, faulted, iterations)
+
+
+def run_differences(clean: RunStore, faulted: RunStore, iterations: int) -> dict:
+    """Where the faulted run parts from the clean one ({} where it does not): the iterations
+    whose weights differ (or are missing), and per iteration the reward cells that differ, by
+    the stage that scored them -- so a mismatch names the first stage it came from."""
+    out: dict = {}
+    weights = [k for k in range(1, iterations + 1) if not _same_weights(clean, faulted, k)]
+    if weights:
+        out["weights"] = weights
     ra, rb = clean.open_rewards(), faulted.open_rewards()
-    return bool(same and np.array_equal(ra["reward"].values, rb["reward"].values, equal_nan=True)
-                and np.array_equal(ra["seed"].values, rb["seed"].values))
+    its_a = [int(i) for i in ra["iteration"].values] if ra is not None else []
+    its_b = [int(i) for i in rb["iteration"].values] if rb is not None else []
+    if its_a != its_b:
+        out["reward_iterations"] = {"clean": its_a, "faulted": its_b}
+    rewards = {}
+    for k in sorted(set(its_a) & set(its_b)):
+        a, b = ra.sel(iteration=k), rb.sel(iteration=k)
+        if a["reward"].shape != b["reward"].shape:
+            rewards[k] = {"shape": [list(a["reward"].shape), list(b["reward"].shape)]}
+            continue
+        differ = ~(_same_cells(a["reward"].values, b["reward"].values)
+                   & (a["seed"].values == b["seed"].values))
+        if differ.any():
+            stages = np.asarray(a["stage"].values, dtype=str)[differ]
+            rewards[k] = {str(st): int((stages == st).sum()) for st in np.unique(stages)}
+    if rewards:
+        out["rewards"] = rewards
+    return out
+
+
+def _same_weights(clean: RunStore, faulted: RunStore, iteration: int) -> bool:
+    latest = faulted.latest_checkpoint()
+    if latest is None or latest < iteration:
+        return False
+    wa, wb = clean.load_checkpoint(iteration), faulted.load_checkpoint(iteration)
+    return wa.weights.keys() == wb.weights.keys() and all(
+        np.array_equal(t.numpy(), wb.weights[n].numpy()) for n, t in wa.weights.items())
+
+
+def _same_cells(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def lease_taken_at(store: RunStore, epoch: int) -> float | None:
+    """When the driver of ``epoch`` took the run's lease (its recorded ``lease`` event)."""
+    return next((float(e["at"]) for e in store.read_events()
+                 if e.get("kind") == "lease" and e.get("epoch") == epoch), None)
 
 
 @dataclass(frozen=True)

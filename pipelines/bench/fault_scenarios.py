@@ -23,8 +23,9 @@ from pipelines.bench.fault_checks import (
     Timeline,
     foreign_lineage_steps,
     given_up_attempts,
-    identical_runs,
+    lease_taken_at,
     requests_lost,
+    run_differences,
     stage_records_after,
 )
 from pipelines.bench.fault_stream import STAGE, expected
@@ -106,9 +107,11 @@ class Bench:
         """The figures every scenario reports, from its store and the clean one's."""
         store, clean = self.store(url), self.store(self.clean_url)
         epochs = [r.get("epoch", 0) for r in store.manifest.stages().values()]
+        differences = run_differences(clean, store, self.iterations)
         return {"requests_lost": requests_lost(clean, store, self.iterations),
-                "identical_to_clean": identical_runs(clean, store, self.iterations),
-                "foreign_writes": len(stage_records_after(store, max(epochs, default=0), since))}
+                "identical_to_clean": not differences,
+                "foreign_writes": len(stage_records_after(store, max(epochs, default=0), since)),
+                **({"differences": differences} if differences else {})}
 
 
 def wait_until(check: Callable[[], bool], limit_s: float, driver: Driver | None = None,
@@ -265,9 +268,9 @@ def dual_driver(bench: Bench) -> dict:
                          "--iterations", str(bench.iterations), host="driver-2")
     _finished(taker, "the taking-over driver")
     first_code = first.wait(600)
-    took = taker.err.first("lease: epoch") or asked
-    fenced = first.err.first("error: fenced:")
     store = bench.store(url)
+    took = lease_taken_at(store, 2) or taker.err.first("lease: epoch") or asked
+    fenced = first.err.first("error: fenced:")
     mine = [r["at"] for r in store.manifest.stages().values() if r.get("epoch", 0) >= 2]
     out = bench.outcome(url, took)
     return {**out, "detect_s": None if fenced is None else fenced - took,
@@ -328,7 +331,7 @@ def driver_loss(bench: Bench) -> dict:
                          str(bench.iterations), host="driver-2")
     _finished(taker, "the taking-over driver")
     waited = taker.err.first("lease: held by")   # the taker found it live, and waited it out
-    took = taker.err.first("lease: epoch")
+    took = lease_taken_at(bench.store(url), 2) or taker.err.first("lease: epoch")
     mine = [r["at"] for r in bench.store(url).manifest.stages().values()
             if r.get("epoch", 0) >= 2]
     return {**bench.outcome(url, killed), "detect_s": None if took is None else took - killed,

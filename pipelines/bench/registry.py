@@ -5,6 +5,7 @@ imports them (:func:`pipelines.bench.load_benches`).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -64,6 +65,9 @@ SPECS = {
     "sharded": BenchSpec(
         "pipelines.bench.sharded", "sharded training (FSDP2) over the gpu workers: exact step, "
         "memory per worker, resume on another worker count", ("--workers",)),
+    "scale": BenchSpec(
+        "pipelines.bench.scale", "what the control plane (scheduler, dispatch, lease, store "
+        "markers) costs as workers grow to hundreds", ("--workers", "--iterations")),
     "simulate": BenchSpec(
         "pipelines.bench.simulate", "paper-scale time and cost to target over a spot trace, "
         "validated against a measured run", ("--config", "--trace", "--run", "--set")),
@@ -94,6 +98,18 @@ def register_bench(name: str):
         BENCHES[name] = fn
         return fn
     return wrap
+
+
+def worker_counts(text: str) -> list[int]:
+    """``--workers``: one count, or several joined by commas (``bench scale``)."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--workers {text!r}: expected a count or counts "
+                                         "joined by commas, each at least 1 (e.g. 8,64,256)")
+    return counts
 
 
 def machine() -> dict:

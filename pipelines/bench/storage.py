@@ -72,9 +72,8 @@ class MotoProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds the server has used so far (from /proc/PID/stat)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds the server has used so far."""
+        return cpu_s(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -85,13 +84,23 @@ class MotoProcess:
             self.proc.wait()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def moto_process(timeout_s: float = 60.0) -> Iterator[MotoProcess]:
-    """Start moto's server on a free loopback port, wait until it answers, stop it at exit."""
+def moto_process(timeout_s: float = 60.0, atomic: bool = False) -> Iterator[MotoProcess]:
+    """Start moto's server on a free loopback port, wait until it answers, stop it at exit.
+    ``atomic``: with S3's atomic conditional PUTs (:mod:`pipelines.bench.serial_s3`), for
+    leases and commit markers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", _MOTO_MAIN, "-H", "127.0.0.1", "-p", str(port)],
+    main = ["-m", "pipelines.bench.serial_s3", "127.0.0.1", str(port)] if atomic \
+        else ["-c", _MOTO_MAIN, "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen([sys.executable, *main],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **_S3_ENV})
     server = MotoProcess(port, proc)
@@ -115,7 +124,7 @@ def moto_process(timeout_s: float = 60.0) -> Iterator[MotoProcess]:
 
 
 @contextlib.contextmanager
-def _s3_environment() -> Iterator[None]:
+def s3_environment() -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in _S3_ENV}
     os.environ.update(_S3_ENV)
     try:
@@ -280,7 +289,7 @@ def _measure(cfg: Any, quick: bool, reps: int | None, batch: int | None, seed: i
     reps = reps or (3 if quick else 15)
     request = Request(cfg, batch if batch is not None else (4 if quick else None))
     say = print if progress else (lambda *a, **k: None)
-    with tempfile.TemporaryDirectory(prefix="spotlight-bench-") as tmp, _s3_environment(), \
+    with tempfile.TemporaryDirectory(prefix="spotlight-bench-") as tmp, s3_environment(), \
             moto_process() as server:
         stores = {
             "file": RunStore.open(f"file://{tmp}/run"),

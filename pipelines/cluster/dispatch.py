@@ -11,6 +11,7 @@ it cannot pile resource-restricted tasks onto one worker.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
-from pipelines.cluster.preemption import NOTICE_TOPIC, HandedBack
+from pipelines.cluster.preemption import HandedBack, NoticeInbox
 from pipelines.cluster.worker_setup import add_missing_plugins
 from spotlight.config import PreemptionConfig
 from spotlight.scheduling.dispatch import (
@@ -53,10 +54,10 @@ EventFn = Callable[[str, dict], None]
 _POLL_S = 0.1          # how long the loop waits for an attempt to finish before looking around
 _WORKERS_EVERY_S = 0.25
 _FETCH_TIMEOUT_S = 30.0  # a finished attempt's result is a small record; longer means it is gone
-_LIVENESS_EVERY_S = 2.0
+_LIVENESS_EVERY_S = 2.0   # the most often running requests' committed steps are read
 # A cut-off worker rejoins once the scheduler heard from it this long after it was cut off
 # (clock skew between the scheduler's host and the driver's).
-_REJOIN_GRACE_S = 5.0  # how often running requests' committed steps are read from the store
+_REJOIN_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -69,29 +70,6 @@ class RequestSpec:
     stage: str                # run-store stage of its latent stream (iter-K/explore)
     request: str              # its stream name in that stage
     numbered: bool = False    # fn takes ``attempt=(lease epoch, number)``: its fencing token
-
-
-class NoticeInbox:
-    """Preemption notices the workers logged, collected once per client."""
-
-    _by_client: dict[str, "NoticeInbox"] = {}
-    _lock = threading.Lock()
-
-    def __init__(self, client) -> None:
-        self.notices: list[dict] = []
-        client.subscribe_topic(NOTICE_TOPIC, self._receive)
-
-    def _receive(self, event) -> None:
-        msg = event[1] if isinstance(event, tuple) else event
-        self.notices.append(dict(msg))
-
-    @classmethod
-    def of(cls, client) -> "NoticeInbox":
-        with cls._lock:
-            inbox = cls._by_client.get(client.id)
-            if inbox is None:
-                inbox = cls._by_client[client.id] = cls(client)
-            return inbox
 
 
 class RequestPool:
@@ -138,6 +116,7 @@ class RequestPool:
         self._inbox = NoticeInbox.of(self.client)
         self._seen_notices = len(self._inbox.notices)
         self._stop = threading.Event()
+        self._ended: queue.Queue = queue.Queue()   # attempts' futures, as they end
         self._finished = threading.Event()
         self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._run, name="spotlight-dispatch", daemon=True)
@@ -189,8 +168,6 @@ class RequestPool:
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
-        from distributed import wait
-
         next_look = next_liveness = 0.0
         try:
             while not self._stop.is_set() and not self.dispatcher.finished:
@@ -203,16 +180,8 @@ class RequestPool:
                 if self._watch is not None and now >= next_liveness:
                     with self._lock:
                         self._check_liveness(now)
-                    next_liveness = now + _LIVENESS_EVERY_S
-                running = list(self._attempts)
-                if running:
-                    try:
-                        done, _ = wait(running, timeout=_POLL_S, return_when="FIRST_COMPLETED")
-                    except TimeoutError:   # distributed.wait raises when nothing finished
-                        done = set()
-                else:
-                    done = set()
-                    self._stop.wait(_POLL_S)
+                    next_liveness = now + self._watch.look_every_s(_LIVENESS_EVERY_S)
+                done = self._finished_attempts()
                 with self._lock:
                     for future in done:
                         self._settle(future)
@@ -222,6 +191,18 @@ class RequestPool:
             self.error = exc
         finally:
             self._finished.set()
+
+    def _finished_attempts(self) -> list:
+        """Attempts that ended since the last look, waiting up to a poll for the first. Each
+        attempt's future puts itself here when it ends: a wait on every running future each
+        poll would cost the driver in proportion to the workers."""
+        try:
+            done = [self._ended.get(timeout=_POLL_S)]
+        except queue.Empty:
+            return []
+        while not self._ended.empty():
+            done.append(self._ended.get_nowait())
+        return done
 
     def _sync_workers(self) -> None:
         workers = self.client.scheduler_info(n_workers=-1)["workers"]
@@ -456,6 +437,7 @@ class RequestPool:
             key=f"{spec.stage.replace('/', '-')}-{spec.name}-a{action.attempt}-"
                 f"{uuid.uuid4().hex[:6]}")
         self._attempts[future] = (action.request, action.attempt, action.worker, time.monotonic())
+        future.add_done_callback(self._ended.put)
         seen = self._seen_at.pop(action.worker, None)
         if seen is not None:   # a newcomer's first request: how long joining took
             self.newcomer_ready_s.append(time.monotonic() - seen)

@@ -1,4 +1,5 @@
-"""The spot worker's side of a preemption notice: hear it, hand requests back, retire.
+"""The spot worker's side of a preemption notice: hear it, hand requests back, retire (and
+the driver's inbox of the notices, :class:`NoticeInbox`).
 
 A :class:`PreemptionWatch` worker plugin listens on the configured notice sources (SIGTERM
 here; a file and the cloud metadata endpoints through :mod:`pipelines.cluster.notices`).
@@ -149,3 +150,26 @@ def preemption_watch(config: PreemptionConfig, resource: str = "spot"):
             await worker.close_gracefully(reason=f"spot preemption notice ({notice.source})")
 
     return PreemptionWatch()
+
+
+class NoticeInbox:
+    """Preemption notices the workers logged, collected once per client."""
+
+    _by_client: dict[str, "NoticeInbox"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, client) -> None:
+        self.notices: list[dict] = []
+        client.subscribe_topic(NOTICE_TOPIC, self._receive)
+
+    def _receive(self, event) -> None:
+        msg = event[1] if isinstance(event, tuple) else event
+        self.notices.append(dict(msg))
+
+    @classmethod
+    def of(cls, client) -> "NoticeInbox":
+        with cls._lock:
+            inbox = cls._by_client.get(client.id)
+            if inbox is None:
+                inbox = cls._by_client[client.id] = cls(client)
+            return inbox

@@ -174,6 +174,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             value = [name.strip() for name in value.split(",") if name.strip()]
         elif flag == "--run":
             value = list(value)
+        elif flag == "--workers" and args.name != "scale":
+            if len(value) > 1:
+                raise UsageError(f"--workers takes one count for 'bench {args.name}' (several "
+                                 "are for 'bench scale')")
+            value = value[0]
         options[OPTIONS[flag]] = value
     result = load_bench(args.name)(**options)
     print(write_result(result, args.json))
@@ -301,7 +306,7 @@ def _add_run(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench(p: argparse.ArgumentParser) -> None:
-    from pipelines.bench.registry import SPECS, benches_taking
+    from pipelines.bench.registry import SPECS, benches_taking, worker_counts
 
     p.description = "Benchmarks:\n" + "\n".join(
         f"  {name:14} {spec.answers}" for name, spec in SPECS.items())
@@ -325,8 +330,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     option("--budget", "the fixed iteration budget the area under the curve and the value at "
                        "the budget are read at; a run stops once it has run B and reached the "
                        "target (default 10; --iterations caps the rest)", type=int, metavar="B")
-    option("--workers", "harness runs at a time (default: 2, one core each)", type=int,
-           metavar="W")
+    option("--workers", "convergence: harness runs at a time (default: 2, one core each); "
+                        "sharded: worker processes (default 4); scale: worker counts "
+                        "(default 8,64,256)", type=worker_counts, metavar="W[,W...]")
     option("--resume", "continue a cut-off bench from the runs saved beside --json "
                        "(PATH.parts/)", action="store_true")
     option("--modes", "the modes to run, of vanilla, sync, stale, spotlight, rlboost and "

@@ -26,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+LOOKS_PER_DEADLINE = 6
+
 
 @dataclass(frozen=True)
 class Liveness:
@@ -72,6 +74,13 @@ class ProgressWatch:
         if not self.step_s:
             return self.liveness.cold_s
         return max(self.liveness.floor_s, self.liveness.factor * statistics.median(self.step_s))
+
+    def look_every_s(self, least_s: float) -> float:
+        """How often to read the running requests' committed steps: a sixth of the deadline
+        (a silence is found at most a sixth late), at least ``least_s``. At the default 60 s
+        floor that is one read per running request every 10 s, not every ``least_s``: the
+        store's request rate a wide run pays for liveness."""
+        return max(least_s, self.deadline_s() / LOOKS_PER_DEADLINE)
 
     def silent(self, now: float) -> dict[str, float]:
         """Workers with a request silent past the deadline, and the longest silence of each."""

@@ -22,6 +22,7 @@ ELSEWHERE = {
     "convergence": "tests/pipelines/test_cli.py",
     "faults": "tests/pipelines/test_bench_faults.py",
     "learning": "tests/pipelines/test_cli.py",
+    "scale": "tests/pipelines/test_bench_scale.py",
     "stock-workers": "tests/pipelines/test_stock_cluster.py",
     "storage": "tests/pipelines/test_bench_storage.py",
 }

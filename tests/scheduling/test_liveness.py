@@ -90,3 +90,13 @@ def test_a_worker_unheard_past_the_limit_is_named_against_the_freshest_heartbeat
     assert unheard(last_seen, ["w1", "w2"], 20.0) == {}
     assert unheard(last_seen, ["w3", "gone"], 35.0) == {}   # a worker Dask removed: not ours
     assert unheard({}, ["w1"], 20.0) == {}
+
+
+def test_committed_steps_are_read_a_sixth_of_the_deadline_apart_and_never_more_often_than_asked():
+    watch = ProgressWatch(Liveness(factor=20, floor_s=60, cold_s=120))
+    assert watch.look_every_s(2.0) == 20.0          # before any step: the cold deadline's sixth
+    watch.started("r", "w", 0, 0.0)
+    watch.progressed("r", 10, 5.0)                  # 0.5 s steps: the 60 s floor holds
+    assert watch.look_every_s(2.0) == 10.0
+    tight = ProgressWatch(Liveness(factor=5, floor_s=3, cold_s=6))
+    assert tight.look_every_s(2.0) == 2.0           # a short deadline: the least interval
