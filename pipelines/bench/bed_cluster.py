@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.cluster.classes import scheduler_workers
 from pipelines.deploy.certificates import Pki, make_pki
 from storage import StorageConfig
 from storage.urls import check_reachable, open_location
@@ -121,7 +122,7 @@ class BedCluster:
         with Client(self.scheduler, security=security, timeout=limit_s) as client:
             while True:
                 joined = {w.get("name") for w in
-                          client.scheduler_info(n_workers=-1)["workers"].values()}
+                          scheduler_workers(client).values()}
                 if set(names) <= joined:
                     return
                 if time.monotonic() > deadline:

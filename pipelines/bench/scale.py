@@ -35,13 +35,16 @@ from pathlib import Path
 from statistics import median
 
 import numpy as np
+from distributed import Client
 
 from pipelines.bench.registry import machine, register_bench, write_result
 from pipelines.bench.scale_hosts import process_operations, timed_request
 from pipelines.bench.storage import cpu_s, moto_process, s3_environment
 from pipelines.cluster import GPU, SPOT, ClusterHandle
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
-from spotlight.config import PreemptionConfig
+from spotlight.config import PreemptionConfig, shipped_config
+from spotlight.sim.config import load_sim_config
+from spotlight.sim.report import simulate
 from storage import RunStore, StorageConfig, operations
 from storage.manifest import stage_name
 
@@ -62,6 +65,7 @@ class TimingModel:
 
 MODEL, QUICK_MODEL = TimingModel(), TimingModel(step_s=0.1)
 SIZES, QUICK_SIZES = (8, 64, 256), (2, 4)
+SIM_SCENARIO = "sim/qwen-image-512.yaml"
 S3_LARGEST = 64   # the S3 server is one moto process: past this it, not the product, is measured
 WORKERS_PER_PROCESS = 32
 START_LIMIT_S = 300.0
@@ -91,19 +95,43 @@ def bench_scale(quick: bool = False, workers: list[int] | int | None = None,
                       url=f"s3://spotlight-scale/{size}-{uuid.uuid4().hex[:8]}",
                       endpoint_url=s3.endpoint, key="bench-key", secret="bench-secret",
                       region="us-east-1", create_bucket=True)}
-        for backend, storage in stores.items():
-            into = result["sizes"] if backend == "file" else result["s3"]["sizes"]
-            for size in [n for n in sizes if backend == "file" or n <= S3_LARGEST]:
-                print(f"bench scale: {size} workers, {backend} store ...", file=sys.stderr,
-                      flush=True)
-                into[str(size)] = measure_size(size, iterations, storage(size),
-                                               Path(tmp, f"{backend}-{size}"), model)
-                result["wall_s"] = time.monotonic() - started
-                write_result(result, json_path)   # what is done so far survives a cut-off
+        for size in sizes:   # one cluster per size, measured on each store in turn
+            with ScaleCluster(size, Path(tmp, f"cluster-{size}")) as cluster, \
+                    Client(cluster.address) as client:
+                for backend in [b for b in stores if b == "file" or size <= S3_LARGEST]:
+                    print(f"bench scale: {size} workers, {backend} store ...", file=sys.stderr,
+                          flush=True)
+                    into = result["sizes"] if backend == "file" else result["s3"]["sizes"]
+                    into[str(size)] = measure_size(
+                        client, cluster, iterations, stores[backend](size), model,
+                        server_pid=s3.proc.pid if backend == "s3" else None)
+                    result["wall_s"] = time.monotonic() - started
+                    write_result(result, json_path)   # what is done so far survives a cut-off
+    result["simulator"] = simulator_effect(result["sizes"], quick)
     result.update(complete=True, wall_s=time.monotonic() - started,
                   checks={"file": scaling_checks(result["sizes"]),
                           "s3": scaling_checks(result["s3"]["sizes"])})
     return result
+
+
+def simulator_effect(sizes: dict, quick: bool = False) -> dict:
+    """The paper-scale scenario (Qwen-Image 512², 8 on-demand GPUs and spot on the AWS trace)
+    simulated without a dispatch delay and with the largest size's measured p95
+    (``timing.dispatch_s``): what the control plane's measured cost changes there."""
+    largest = max(sizes, key=int)
+    dispatch_s = sizes[largest]["dispatch_latency_s"]["p95"]
+    config = load_sim_config(shipped_config(SIM_SCENARIO))
+    if quick:   # fewer iterations to the target: the same comparison, sooner
+        config = config.with_values({"convergence.ondemand_iterations": 30,
+                                     "max_iterations": 200})
+    out: dict = {"scenario": SIM_SCENARIO, "dispatch_s": dispatch_s, "from_size": largest}
+    for name, delay in (("without", 0.0), ("with", dispatch_s)):
+        run = simulate(config.with_values({"timing.dispatch_s": delay}))
+        out[name] = {"time_to_target_h": {k: v["time_to_target_h"]
+                                          for k, v in run["systems"].items()},
+                     "speedup_vs_ondemand": run["speedup_vs_ondemand"],
+                     "cost_ratio_vs_ondemand": run["cost_ratio_vs_ondemand"]}
+    return out
 
 
 def scaling_checks(sizes: dict) -> dict:
@@ -126,23 +154,20 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 # -- one size --------------------------------------------------------------------------------
-def measure_size(size: int, iterations: int, storage: StorageConfig, workdir: Path,
-                 model: TimingModel = MODEL) -> dict:
-    """Start a scheduler and ``size`` workers, run ``iterations`` pooled iterations against a
-    fresh run store under a renewed lease; the median figures and each iteration's."""
-    from distributed import Client
-
-    with ScaleCluster(size, workdir) as cluster, \
-            Client(cluster.address) as client:
-        store = RunStore.open(storage, create=True, writer=True)
-        lease = store.take_lease()
-        lease.start_renewing()
-        handle = ClusterHandle(client=client, owns_client=False, dashboard=False)
-        try:
-            runs = [run_iteration(handle, store, cluster, size, i, model)
-                    for i in range(iterations)]
-        finally:
-            lease.release()
+def measure_size(client, cluster: "ScaleCluster", iterations: int, storage: StorageConfig,
+                 model: TimingModel = MODEL, server_pid: int | None = None) -> dict:
+    """``iterations`` pooled iterations on ``cluster`` against a fresh run store under a
+    renewed lease; the median figures and each iteration's. ``server_pid``: the store's
+    server process, whose CPU is counted too."""
+    store = RunStore.open(storage, create=True, writer=True)
+    lease = store.take_lease()
+    lease.start_renewing()
+    handle = ClusterHandle(client=client, owns_client=False, dashboard=False)
+    try:
+        runs = [run_iteration(handle, store, cluster, i, model, server_pid)
+                for i in range(iterations)]
+    finally:
+        lease.release()
     keys = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
     out = {k: median(run[k] for run in runs) for k in keys}
     out["dispatch_latency_s"] = {q: median(run["dispatch_latency_s"][q] for run in runs)
@@ -150,21 +175,22 @@ def measure_size(size: int, iterations: int, storage: StorageConfig, workdir: Pa
     return {**out, "iterations": runs}
 
 
-def run_iteration(handle: ClusterHandle, store: RunStore, cluster: "ScaleCluster", size: int,
-                  iteration: int, model: TimingModel) -> dict:
+def run_iteration(handle: ClusterHandle, store: RunStore, cluster: "ScaleCluster",
+                  iteration: int, model: TimingModel, server_pid: int | None = None) -> dict:
     stage = stage_name(iteration, "rollout")
     store.latents.prepare_stage(stage)
+    size = cluster.size
     names = [f"r{j:05d}" for j in range(model.requests * size)]
     specs = [RequestSpec(name, timed_request, (store, stage, name, model.steps, model.step_s),
                          stage, name, numbered=True) for name in names]
-    before = Usage.now(handle.client, cluster)
+    before = Usage.now(handle.client, cluster, server_pid)
     began, began_wall = time.monotonic(), time.time()
     pool = RequestPool(handle, specs, PreemptionConfig(), store=store, resource=(GPU, SPOT))
     pool.wait()
     results = pool.close()
     elapsed = time.monotonic() - began
     store.mark_stage_done(stage, {"requests": len(results)})
-    used = Usage.now(handle.client, cluster).since(before)
+    used = Usage.now(handle.client, cluster, server_pid).since(before)
     if len(results) != len(specs):
         raise RuntimeError(f"bench scale: {len(specs) - len(results)} of {len(specs)} requests "
                            f"did not finish at {size} workers ({pool.summary()})")
@@ -173,7 +199,11 @@ def run_iteration(handle: ClusterHandle, store: RunStore, cluster: "ScaleCluster
     return {"iteration_s": elapsed, "ideal_s": model.ideal_s, "requests": len(specs),
             "running_requests": running,
             "driver_cpu_s": used.driver_cpu_s, "scheduler_cpu_s": used.scheduler_cpu_s,
-            "workers_cpu_s": used.workers_cpu_s,
+            "workers_cpu_s": used.workers_cpu_s, "store_server_cpu_s": used.server_cpu_s,
+            # Near 1: the machine was saturated, and the iteration's time measures it (the
+            # workers' own commits, which a real cluster spreads over their machines).
+            "machine_cpu_share": (used.driver_cpu_s + used.scheduler_cpu_s + used.workers_cpu_s
+                                  + used.server_cpu_s) / (elapsed * (os.cpu_count() or 1)),
             "driver_cpu_s_per_request": used.driver_cpu_s / len(specs),
             "scheduler_cpu_s_per_request": used.scheduler_cpu_s / len(specs),
             "dispatch_latency_s": latency_quantiles(dispatch_latencies(results, began_wall)),
@@ -216,29 +246,33 @@ def _less(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 # -- what was used ---------------------------------------------------------------------------
 @dataclass
 class Usage:
-    """CPU seconds of the driver (this process), the scheduler and the worker processes; store
-    operations of the driver and of the workers, by kind."""
+    """CPU seconds of the driver (this process), the scheduler, the worker processes and the
+    store's server (0 without one); store operations of the driver and of the workers, by
+    kind."""
 
     driver_cpu_s: float
     scheduler_cpu_s: float
     workers_cpu_s: float
+    server_cpu_s: float = 0.0
     store_driver: dict[str, int] = field(default_factory=dict)
     store_workers: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def now(cls, client, cluster: "ScaleCluster") -> "Usage":
+    def now(cls, client, cluster: "ScaleCluster", server_pid: int | None = None) -> "Usage":
         per_process = dict(client.run(process_operations).values())   # workers share a pid
         workers: dict[str, int] = {}
         for counts in per_process.values():
             workers = _added(workers, counts)
         return cls(time.process_time(), cpu_s(cluster.scheduler.pid),
-                   sum(cpu_s(host.pid) for host in cluster.hosts), operations.operations(),
+                   sum(cpu_s(host.pid) for host in cluster.hosts),
+                   0.0 if server_pid is None else cpu_s(server_pid), operations.operations(),
                    workers)
 
     def since(self, before: "Usage") -> "Usage":
         return Usage(self.driver_cpu_s - before.driver_cpu_s,
                      self.scheduler_cpu_s - before.scheduler_cpu_s,
                      self.workers_cpu_s - before.workers_cpu_s,
+                     self.server_cpu_s - before.server_cpu_s,
                      _less(self.store_driver, before.store_driver),
                      _less(self.store_workers, before.store_workers))
 

@@ -38,8 +38,10 @@ def timed_request(store: RunStore, stage: str, request: str, steps: int, step_s:
 
     started = time.time()
     latent = np.zeros(LATENT_SHAPE, np.float32)
+    point = store.resume_point(stage, request)   # as a real request: on from its last commit
+    first = 0 if point is None else point.step + 1
     with store.latent_sink(stage) as sink:
-        for step in range(steps + 1):
+        for step in range(first, steps + 1):
             if step:
                 time.sleep(step_s)
             sink.commit(request, step, latent + step, num_steps=steps, weights_version=0,
@@ -52,9 +54,19 @@ def process_operations() -> tuple[int, dict[str, int]]:
     return os.getpid(), operations.operations()
 
 
+# Services every Dask worker runs for its own process, which workers sharing a process would
+# each run for all of them: the statistical profiler (every 10 ms, each sampling every thread of
+# the process) and the system monitor. On a worker's own machine they cost it ~1%; 32 to a
+# process they cost a quarter of a core idle, which is the bench's, not the product's.
+SHARED_PROCESS = {"distributed.worker.profile.enabled": False,
+                  "distributed.admin.system-monitor.interval": "5s"}
+
+
 async def serve(scheduler: str, gpu: int, spot: int, prefix: str, directory: str) -> None:
+    import dask
     from distributed import Worker
 
+    dask.config.set(SHARED_PROCESS)
     classes = [GPU] * gpu + [SPOT] * spot
     workers = [Worker(scheduler, nthreads=1, resources={cls: 1}, memory_limit=0,
                       name=f"{prefix}-{cls}-{i:03d}", local_directory=directory)

@@ -1,9 +1,8 @@
 """The Dask cluster side: connecting (embedded or remote, TLS), the project's worker plugin,
 pull dispatch of spot requests, preemption notices and the preemption injector."""
+from pipelines.cluster.classes import GPU, SPOT, class_of, worker_classes, workers_by_class
 from pipelines.cluster.connect import (
-    GPU,
     LOOPBACK,
-    SPOT,
     Absence,
     ClusterError,
     ClusterHandle,
@@ -18,11 +17,9 @@ from pipelines.cluster.connect import (
     security,
     start_embedded,
     task_error,
-    worker_classes,
-    workers_by_class,
 )
 
 __all__ = ["GPU", "LOOPBACK", "SPOT", "Absence", "ClusterError", "ClusterHandle",
-           "ClusterLostError", "RunInterrupted", "TaskFailedError", "check_shape", "connect",
-           "open_cluster", "probe_scheduler", "register_worker_setup", "security",
+           "ClusterLostError", "RunInterrupted", "TaskFailedError", "check_shape", "class_of",
+           "connect", "open_cluster", "probe_scheduler", "register_worker_setup", "security",
            "start_embedded", "task_error", "worker_classes", "workers_by_class"]

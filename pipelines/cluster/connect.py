@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.cluster.classes import GPU, SPOT, Silent, scheduler_workers, workers_by_class
 from pipelines.cluster.dask_log import LOG_ENV, DaskLogRoute
 from pipelines.cluster.nanny import EmbeddedCluster, EmbeddedNanny, use_start_method
 from pipelines.cluster.worker_setup import spotlight_worker_setup
@@ -27,7 +28,6 @@ from spotlight.modes import mode_of
 
 log = logging.getLogger(__name__)
 
-GPU, SPOT = "gpu", "spot"
 LOOPBACK = "127.0.0.1"
 # The dashboard's Spotlight page, loaded into the scheduler it serves (named, not imported: the
 # scheduler imports it; `dask scheduler --preload` takes the same name).
@@ -100,16 +100,18 @@ class ClusterHandle:
 
     def workers_by_class(self) -> dict[str, list[str]]:
         """Worker names per resource class, from the scheduler's view right now."""
-        return workers_by_class(self.client.scheduler_info(n_workers=-1)["workers"])
+        return workers_by_class(scheduler_workers(self.client))
 
     def wait_for(self, futures: list, resource: str, stop: threading.Event, wait_s: float,
-                 what: str = "") -> None:
+                 what: str = "", silent: Silent | None = None) -> None:
         """Wait until every future is done; stop on ``stop`` (:class:`RunInterrupted`), and
-        when no worker of ``resource`` is left for ``wait_s`` (:class:`ClusterLostError`)."""
+        when no worker of ``resource`` is left for ``wait_s`` (:class:`ClusterLostError`).
+        ``silent``: who hears of a worker of ``resource`` unheard meanwhile, and after how long
+        (:class:`spotlight.scheduling.liveness.SilenceReports`)."""
         from distributed import wait
 
         pending = [f for f in futures if hasattr(f, "status")]
-        absence = Absence(self, resource, wait_s, what)
+        absence = Absence(self, resource, wait_s, what, silent)
         try:
             while True:
                 if stop.is_set():
@@ -124,7 +126,7 @@ class ClusterHandle:
             raise
 
     def results(self, futures: list, resource: str, stop: threading.Event, wait_s: float,
-                what: str = "") -> list:
+                what: str = "", silent: Silent | None = None) -> list:
         """The results of ``futures`` once every one is done, fetched in one batch. A worker
         that dies holding a result before it is fetched makes Dask compute that task again
         (its future goes back to pending), so a fetch is tried for a bounded time and, if a
@@ -133,7 +135,7 @@ class ClusterHandle:
         result whose every worker had died.)"""
         attempt_s = _FETCH_S
         while True:
-            self.wait_for(futures, resource, stop, wait_s, what)
+            self.wait_for(futures, resource, stop, wait_s, what, silent)
             try:
                 return self.client.sync(lambda: self.client.gather(futures, asynchronous=True),
                                         callback_timeout=attempt_s)
@@ -175,17 +177,22 @@ class Absence:
     """How long a worker class has had no worker: :meth:`check` raises
     :class:`ClusterLostError` once that passes ``wait_s`` (a stage cannot go on)."""
 
-    def __init__(self, handle: ClusterHandle, resource: str, wait_s: float, what: str) -> None:
+    def __init__(self, handle: ClusterHandle, resource: str, wait_s: float, what: str,
+                 silent: Silent | None = None) -> None:
         self.handle, self.resource, self.wait_s, self.what = handle, resource, wait_s, what
         self.since: float | None = None
         self.lost_since: float | None = None   # since when the scheduler does not answer
+        self.silent = silent
 
     def check(self) -> None:
         self._check_scheduler()
         try:
-            alive = self.handle.workers_by_class()[self.resource]
+            workers = scheduler_workers(self.handle.client)
         except Exception:  # noqa: BLE001 - the scheduler itself does not answer
-            alive = []
+            workers = {}
+        alive = workers_by_class(workers)[self.resource]
+        if self.silent is not None:
+            self.silent.look(workers, self.resource, self.what)
         if alive:
             self.since = None
             return
@@ -210,35 +217,6 @@ class Absence:
         if status in ("closed", "closing", "failed") or \
                 time.monotonic() - self.lost_since >= self.wait_s:
             raise self.handle.scheduler_lost(self.what or "a stage")
-
-
-def class_of(resources: dict, classes: tuple[str, ...] = (GPU, SPOT)) -> str | None:
-    """A worker's class: the first of ``classes`` its resources declare (None: none of them).
-    The one place a worker's class is read from its resources."""
-    return next((c for c in classes if resources.get(c, 0) > 0), None)
-
-
-def workers_by_class(workers: dict) -> dict[str, list[str]]:
-    """Worker names per class, from the scheduler's worker entries (``scheduler_info``)."""
-    out: dict[str, list[str]] = {GPU: [], SPOT: []}
-    for info in workers.values():
-        cls = class_of(info.get("resources", {}))
-        if cls is not None:
-            out[cls].append(str(info.get("name", info.get("id"))))
-    return out
-
-
-def _worker_classes(dask_scheduler, classes: tuple[str, ...] | None) -> dict[str, str | None]:
-    return {address: class_of(ws.resources, classes) if classes else None
-            for address, ws in dask_scheduler.workers.items()
-            if not classes or class_of(ws.resources, classes)}
-
-
-def worker_classes(client, classes: tuple[str, ...] | None = None) -> dict[str, str | None]:
-    """Address -> class of every live worker of ``classes`` (every worker, class None, without
-    ``classes``), asked of the scheduler itself: ``client.scheduler_info()`` may hand back a
-    periodically refreshed copy without per-worker entries."""
-    return client.run_on_scheduler(_worker_classes, classes=classes)
 
 
 def worker_spec(name: str, resource: str, config: ClusterConfig,

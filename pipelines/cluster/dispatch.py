@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
+from pipelines.cluster.classes import scheduler_workers
 from pipelines.cluster.preemption import HandedBack, NoticeInbox
 from pipelines.cluster.worker_setup import add_missing_plugins
 from spotlight.config import PreemptionConfig
@@ -205,7 +206,7 @@ class RequestPool:
         return done
 
     def _sync_workers(self) -> None:
-        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        workers = scheduler_workers(self.client)
         self._check_heartbeats(workers)
         for addr in sorted(set(self._cut_off.at) & set(workers)):   # a partition healed
             if self._cut_off.may_rejoin(addr, workers[addr].get("last_seen", 0.0), _REJOIN_GRACE_S):
@@ -351,7 +352,7 @@ class RequestPool:
             future.cancel()
             self._note("fetch_failed", request=request, error=f"{type(exc).__name__}: {exc}")
             alive = worker not in self._addresses or \
-                worker in self.client.scheduler_info(n_workers=-1)["workers"]
+                worker in scheduler_workers(self.client)
             if not alive:   # bookkeeping of the glue; what it means is the dispatcher's call
                 self._note("worker_lost", worker=self._addresses[worker])
                 self._report_progress(worker)

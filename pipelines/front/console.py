@@ -60,6 +60,10 @@ def preemption_line(kind: str, info: dict) -> str | None:
         how = "no heartbeat" if info.get("by") == "heartbeat" else "no committed step"
         return (f"cut off: {info['worker']} ({how} for {info['silent_s']:.0f} s); its requests "
                 "resume elsewhere from their last committed step")
+    if kind == "dispatch" and info.get("what") == "unheard":
+        return (f"silent: {info['worker']} (no heartbeat for {info['silent_s']:.0f} s) while "
+                f"{info['waiting'] or 'a task'} waits on it; if it comes back the task finishes "
+                "there, if it is gone Dask runs it elsewhere once it drops the worker")
     if kind == "dispatch" and info.get("what") == "rejoined":
         return f"rejoined: {info['worker']} is heard from again"
     if kind == "injector" and info.get("kind") in ("kill", "notice", "start", "no_spot_left",

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from pipelines.cluster.classes import scheduler_workers
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from pipelines.cluster.injector import SpotFleet
 from pipelines.cluster.runtime import runtime
@@ -75,7 +76,7 @@ def workers_device(session: Session) -> dict:
     """Per worker name: its policies' devices (and GPU peak memory)."""
     client = session.cluster.client
     names = {addr: info.get("name", addr)
-             for addr, info in client.scheduler_info()["workers"].items()}
+             for addr, info in scheduler_workers(client).items()}
     return {str(names.get(addr, addr)): placed
             for addr, placed in client.run(_placement).items()}
 

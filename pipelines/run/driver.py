@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pipelines.cluster import GPU, ClusterHandle, RunInterrupted, task_error
+from pipelines.cluster.classes import Silent, scheduler_workers
 from pipelines.observe.validation_grid import grid_of, save_grid, validation_labels
 from pipelines.run import recording, tasks
 from pipelines.run.context import CarriedOver
@@ -52,6 +53,7 @@ from spotlight.cost import CostLedger, run_prices
 from spotlight.exploration import Selection
 from spotlight.iteration import IterationOutcome, IterationProgram, drive, pulled, requests
 from spotlight.models.prompts import Prompt
+from spotlight.scheduling.liveness import SilenceReports
 from storage import RunStore
 
 EventFn = Callable[[str, dict], None]
@@ -98,9 +100,16 @@ class Driver:
             raise RunInterrupted("the run was stopped")
 
     def await_futures(self, futures: list, what: str, resource: str = GPU) -> None:
-        """Wait for Dask futures, stopping on :meth:`stop` and when their workers are gone."""
+        """Wait for Dask futures, stopping on :meth:`stop` and when their workers are gone; a
+        worker of ``resource`` that goes unheard meanwhile is named (:meth:`_silent`)."""
         self.cluster.wait_for(futures, resource, self._stop, self.config.cluster.worker_wait_s,
-                              what)
+                              what, self._silent())
+
+    def _silent(self) -> Silent:
+        def tell(worker: str, quiet: float, what: str) -> None:
+            self.emit("dispatch", what="unheard", worker=worker, silent_s=quiet, waiting=what)
+
+        return Silent(SilenceReports(self.config.preemption.heartbeat_silence_s), tell)
 
     def result(self, future, what: str, resource: str = GPU):
         """The result of one task, or one clear error naming the stage if it raised."""
@@ -113,7 +122,7 @@ class Driver:
         """The results of finished futures in one batch; one whose worker died before it was
         fetched is computed again and waited for, as :meth:`await_futures` waits."""
         return self.cluster.results(futures, resource, self._stop,
-                                    self.config.cluster.worker_wait_s, what)
+                                    self.config.cluster.worker_wait_s, what, self._silent())
 
     def _restored_ledger(self) -> CostLedger:
         """The ledger of the last recorded iteration; its workers count as gone since then."""
@@ -129,7 +138,7 @@ class Driver:
     def warm_up(self) -> list:
         """Load the newest weights in every worker now, in the background (futures returned)."""
         version = self.store.latest_checkpoint() or 0
-        workers = self.cluster.client.scheduler_info(n_workers=-1)["workers"]
+        workers = scheduler_workers(self.cluster.client)
         return [self.cluster.client.submit(tasks.warm_up_task, self.config, self.store, version,
                                            workers=[address], allow_other_workers=False,
                                            pure=False, key=f"warm-up-{self._attempt}-{i}")

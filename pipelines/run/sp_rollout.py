@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from pipelines.cluster.connect import Absence, worker_classes
+from pipelines.cluster.classes import worker_classes
+from pipelines.cluster.connect import Absence
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, node_of
 from pipelines.parallel.serve import GroupServer

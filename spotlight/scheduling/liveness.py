@@ -148,3 +148,22 @@ class CutOffs:
         del self.at[worker]
         self.rejoined.add(worker)
         return True
+
+
+@dataclass
+class SilenceReports:
+    """Workers unheard for ``limit_s`` (:func:`unheard`; 0: off), each named once until it is
+    heard again: what a wait on single tasks -- reward, training, a checkpoint -- tells its
+    operator. Those tasks are not moved: a partition that heals lets the task finish where it
+    runs, and a worker gone for good is dropped by Dask (its worker TTL), which reruns the
+    task and whatever it held on another worker of the class."""
+
+    limit_s: float
+    reported: set[str] = field(default_factory=set)
+
+    def newly_silent(self, last_seen: dict[str, float],
+                     watched: Iterable[str]) -> dict[str, float]:
+        quiet = unheard(last_seen, watched, self.limit_s) if self.limit_s else {}
+        fresh = {w: s for w, s in quiet.items() if w not in self.reported}
+        self.reported = set(quiet)
+        return fresh

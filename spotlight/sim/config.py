@@ -89,6 +89,10 @@ class TimingConfig(Validated):
                                     range=(0.0, 3600.0))
     resume_s: float = spec(0.2, "Reading a preempted request's committed latent back.",
                            range=(0.0, 3600.0))
+    dispatch_s: float = spec(0.0, "Seconds a worker waits between finishing a request and "
+                                  "starting its next: the pool's decision, the scheduler's hop "
+                                  "and the task's start (`spotlight bench scale` measures it).",
+                             range=(0.0, 3600.0))
     driver_s_per_stage: float = spec(0.0, "The driver's seconds at each boundary of the critical "
                                           "path (before, between and after its stages): task "
                                           "round trips, seed selection, manifest writes -- every "

@@ -205,9 +205,10 @@ class RequestStage:
                                               action.resume_step)
                 seconds += work.batch * self.reward_s_per_image
                 key = (action.request, action.attempt)
-                self.live[key] = Attempt(work, action.attempt, action.worker, self.clock.now,
-                                         action.resume_step, self.clock.now + seconds)
-                self.clock.at(self.clock.now + seconds, self._done, key)
+                start = self.clock.now + self.timing.dispatch_s   # it reaches its worker then
+                self.live[key] = Attempt(work, action.attempt, action.worker, start,
+                                         action.resume_step, start + seconds)
+                self.clock.at(start + seconds, self._done, key)
             elif isinstance(action, Cancel):
                 key = (action.request, action.attempt)
                 if key in self.live:

@@ -54,6 +54,15 @@ def test_bench_scale_quick_from_outside_the_repository(tmp_path, outside_repo):
             assert set(run["dispatch_latency_s"]) == {"p50", "p95", "max"}
     assert set(result["checks"]["file"]) >= {"iteration_within_10pct",
                                             "driver_cpu_per_request_ratio"}
+    # The largest size's dispatch delay fed into the paper-scale simulation: every system
+    # pays it, on-demand included.
+    sim = result["simulator"]
+    assert sim["from_size"] == "4" and sim["dispatch_s"] >= 0
+    for name in ("without", "with"):
+        assert sim[name]["speedup_vs_ondemand"]["ondemand"] == 1.0
+        assert sim[name]["time_to_target_h"]["spotlight"] > 0
+    assert sim["with"]["time_to_target_h"]["ondemand"] >= \
+        sim["without"]["time_to_target_h"]["ondemand"]
     assert "Traceback" not in done.stderr, done.stderr
 
 

@@ -14,11 +14,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from distributed import Client, LocalCluster, wait
 
+from pipelines.cluster.classes import Silent
 from pipelines.cluster.connect import LOOPBACK, ClusterHandle, ClusterLostError
+from spotlight.scheduling.liveness import SilenceReports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,3 +60,43 @@ def test_finished_results_are_fetched_in_one_batch():
         futures = [client.submit(operator.mul, k, k, resources={"gpu": 1}) for k in range(4)]
         handle = ClusterHandle(client, owns_client=False)
         assert handle.results(futures, "gpu", threading.Event(), 5.0, "squares") == [0, 1, 4, 9]
+
+
+def test_a_gpu_worker_silent_under_a_single_task_is_named_and_the_task_finishes_there(tmp_path):
+    """A training task's worker stops answering (SIGSTOP: as behind a partition): the wait
+    names it once, after the heartbeat limit, and when it comes back the task finishes where
+    it ran -- nothing is moved or computed twice."""
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", host=LOOPBACK,
+                      dashboard_address=None) \
+            as cluster, Client(cluster) as client:
+        worker, spot = (subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--no-nanny", "--nthreads", "1", "--resources", f"{cls}=1", "--no-dashboard",
+             "--name", f"{cls}-0"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL) for cls in ("gpu", "spot"))
+        told: list[tuple[str, str]] = []
+        heard = threading.Event()
+
+        def tell(name: str, quiet: float, what: str) -> None:
+            assert quiet > 2.0
+            told.append((name, what))
+            os.kill(worker.pid, signal.SIGCONT)   # the partition heals once it was named
+            heard.set()
+
+        try:
+            # Silence is counted against the freshest heartbeat (no clock skew): the spot
+            # worker's, as in a run.
+            client.wait_for_workers(2, timeout=60)
+            future = client.submit(time.sleep, 3.0, resources={"gpu": 1}, pure=False)
+            os.kill(worker.pid, signal.SIGSTOP)
+            handle = ClusterHandle(client, owns_client=False)
+            handle.wait_for([future], "gpu", threading.Event(), 120.0, "the training",
+                            Silent(SilenceReports(limit_s=2.0), tell))
+            assert heard.is_set() and told == [("gpu-0", "the training")]
+            assert future.status == "finished"
+            assert worker.pid in client.run(os.getpid).values()   # never dropped
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+            for proc in (worker, spot):
+                proc.kill()
+                proc.wait()

@@ -15,6 +15,7 @@ import torch
 import xarray as xr
 
 from pipelines.cluster import ClusterError
+from pipelines.front.audit import audit_table
 from pipelines.front.session import Session
 from spotlight.config import ConfigError, load_config
 from spotlight.exploration.fidelity import grouped_kendall_tau
@@ -209,6 +210,14 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     np.testing.assert_array_equal(ra["seed"].values, rb["seed"].values)
     resumed = [r for r in Session_results(b) if r["resumed_stages"]]
     assert resumed, "the resumed iteration should report the stages it did not recompute"
+    # The store audits as the uninterrupted run's does (`spotlight audit`'s table): every
+    # request complete, every checkpoint there, the same rewards; only resumes differ.
+    rows = audit_table(b).rows
+    assert [r["checkpoint"] for r in rows] == [1, 2]
+    assert all(r["requests"] == r["requests_complete"] > 0 for r in rows), rows
+    steady = ("iteration", "requests", "checkpoint", "rollout_mean", "explore_mean")
+    assert [{k: r[k] for k in steady} for r in rows] == \
+        [{k: r[k] for k in steady} for r in audit_table(a).rows]
 
 
 def Session_results(store: RunStore) -> list[dict]:

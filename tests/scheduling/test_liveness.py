@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.scheduling.liveness import CutOffs, Liveness, ProgressWatch, unheard
+from spotlight.scheduling.liveness import (
+    CutOffs,
+    Liveness,
+    ProgressWatch,
+    SilenceReports,
+    unheard,
+)
 
 
 def test_before_any_step_is_measured_the_cold_deadline_applies():
@@ -100,3 +106,13 @@ def test_committed_steps_are_read_a_sixth_of_the_deadline_apart_and_never_more_o
     assert watch.look_every_s(2.0) == 10.0
     tight = ProgressWatch(Liveness(factor=5, floor_s=3, cold_s=6))
     assert tight.look_every_s(2.0) == 2.0           # a short deadline: the least interval
+
+
+def test_a_silent_worker_of_a_single_task_is_named_once_until_it_is_heard_again():
+    reports = SilenceReports(limit_s=20)
+    seen = {"gpu-0": 100.0, "gpu-1": 130.0}
+    assert reports.newly_silent(seen, ["gpu-0", "gpu-1"]) == {"gpu-0": 30.0}
+    assert reports.newly_silent({**seen, "gpu-1": 131.0}, ["gpu-0", "gpu-1"]) == {}
+    assert reports.newly_silent({"gpu-0": 131.0, "gpu-1": 131.0}, ["gpu-0", "gpu-1"]) == {}
+    assert reports.newly_silent({"gpu-0": 131.0, "gpu-1": 160.0}, ["gpu-0"]) == {"gpu-0": 29.0}
+    assert SilenceReports(limit_s=0).newly_silent(seen, ["gpu-0"]) == {}

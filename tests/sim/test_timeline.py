@@ -88,3 +88,22 @@ def test_a_notice_hands_the_request_back_at_its_step_boundary():
     assert ("spot", 10.0, 13.0, "rollout:handed back") in spans
     assert ("od0", 20.0, 27.5, "rollout:done") in spans
     assert result.iterations[0].graceful_preemptions == 1
+
+
+def test_a_dispatch_delay_comes_before_each_attempt_computes():
+    """``timing.dispatch_s`` (what `spotlight bench scale` measures): each attempt reaches its
+    worker 1 s after it is handed out. The spot request killed at 15 has computed 3 of its
+    steps by then (it started at 12), so it resumes from step 3."""
+    run = SystemRun(hand_config(**{"timing.dispatch_s": 1.0}), "spotlight", KILL, PRICES,
+                    timeline_iteration=0)
+    result = run.run()
+    spans = sorted((n.startswith("od"), round(s, 6), round(e, 6), what)
+                   for n, s, e, what in result.spans)
+    assert spans == [
+        (False, 1.0, 11.0, "rollout:done"),
+        (False, 12.0, 15.0, "rollout:lost"),
+        (True, 1.0, 11.0, "rollout:done"),
+        (True, 12.0, 22.0, "rollout:done"),
+        (True, 23.0, 30.5, "rollout:done"),      # 7 steps left + 0.5 s resume
+        (True, 30.5, 40.5, "train"),
+    ]
