@@ -7,7 +7,9 @@ kernel. A scenario returns ``requests_lost``, ``identical_to_clean``, ``foreign_
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -30,7 +32,7 @@ from pipelines.bench.fault_checks import (
 )
 from pipelines.bench.fault_stream import STAGE, expected
 from pipelines.bench.preemption import dispatch_logs
-from pipelines.bench.testbed import Testbed, kill
+from pipelines.bench.testbed import Testbed, kill, session_pids
 from storage import RunStore
 
 RUN_LIMIT_S = 1800.0
@@ -365,6 +367,41 @@ def scheduler_loss(bench: Bench) -> dict:
             "tracebacks": _tracebacks(driver, resumed)}
 
 
+def cpu_hog(bench: Bench, host: str = "spot-1", hogs: int = 2) -> dict:
+    """A slow but healthy worker: ``host``'s worker shares one core with ``hogs`` busy
+    processes for the whole run, so its heartbeats and steps come late but never stop.
+    ``false_cut_offs``: the workers the run cut off for silence (none should be);
+    ``slowdown``: the run's wall time over the clean run's. No ``detect_s``: nothing is to be
+    detected."""
+    url = bench.cluster.store_url("cpu-hog")
+    worker = bench.cluster._worker_procs[host]
+    pinned = session_pids(worker.pid)   # the nanny and its worker
+    everywhere = os.sched_getaffinity(0)
+    core = {min(everywhere)}
+    busy = [bench.bed.host(host).popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(hogs)]
+    start = time.time()
+    try:
+        for pid in pinned + [p.pid for p in busy]:
+            os.sched_setaffinity(pid, core)
+        driver = Driver.start(bench.cluster, *bench.run_args(url))
+        _finished(driver, "the run beside the CPU hog")
+    finally:
+        for proc in busy:
+            kill(proc)
+        for pid in pinned:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(pid, everywhere)
+    wall = time.time() - start
+    cut = [e.get("worker") for e in bench.store(url).read_events()
+           if e.get("kind") == "dispatch" and e.get("what") == "silent"]
+    clean = bench.store(bench.clean_url).manifest.stages()
+    clean_s = max(r["at"] for r in clean.values()) - min(r["at"] for r in clean.values())
+    return {**bench.outcome(url, start), "false_cut_offs": len(cut), "cut_off": cut,
+            "wall_s": wall, "slowdown": wall / max(clean_s, 1e-9), "detect_s": None,
+            "pinned_to_core": sorted(core), "hogs": hogs}
+
+
 SCENARIOS = {"partition": partition, "zombie": zombie, "dual_driver": dual_driver,
-             "store_outage": store_outage, "driver_loss": driver_loss,
+             "store_outage": store_outage, "driver_loss": driver_loss, "cpu_hog": cpu_hog,
              "scheduler_loss": scheduler_loss}

@@ -12,11 +12,13 @@ One clean run is the reference; then each scenario runs the same config under on
   takeover;
 - ``store_outage``: the S3 host's link is down for ``outage_s`` mid-run;
 - ``driver_loss``: the driver is SIGKILLed; another host's driver takes the expired lease over;
+- ``cpu_hog``: a spot worker shares one core with busy processes (slow, not silent);
 - ``scheduler_loss``: the scheduler is killed; the run resumes against a new scheduler.
 
 Per scenario: ``requests_lost``, ``identical_to_clean``, ``foreign_writes`` (writes of a fenced
 attempt or driver found in the run's state afterwards), ``detect_s`` and ``recover_s`` (each
-defined in its scenario's docstring). The JSON is saved after every scenario.
+defined in its scenario's docstring; ``false_cut_offs`` for the CPU hog). The JSON is saved
+after every scenario.
 """
 from __future__ import annotations
 
@@ -103,7 +105,7 @@ def targets_met(found: dict) -> dict:
     out = {}
     for name, figures in found.items():
         ok = figures.get("requests_lost") == 0 and figures.get("identical_to_clean") is True \
-            and figures.get("foreign_writes") == 0
+            and figures.get("foreign_writes") == 0 and not figures.get("false_cut_offs")
         limit = {"partition": 30.0, "dual_driver": 5.0}.get(name)
         if limit is not None:
             ok = ok and figures.get("detect_s") is not None and figures["detect_s"] <= limit

@@ -57,7 +57,7 @@ SPECS = {
                                    "--scenarios", "--set")),
     "faults": BenchSpec(
         "pipelines.bench.faults", "partitions, a zombie, two drivers, a store outage, lost "
-        "driver and scheduler hosts, across network-namespace hosts",
+        "driver and scheduler hosts, a CPU-starved worker, across network-namespace hosts",
         ("--config", "--iterations", "--scenarios", "--set")),
     "sp": BenchSpec(
         "pipelines.bench.sp", "elastic sequence parallelism: exactness, regroup against cold "

@@ -56,9 +56,11 @@ def process_operations() -> tuple[int, dict[str, int]]:
 
 # Services every Dask worker runs for its own process, which workers sharing a process would
 # each run for all of them: the statistical profiler (every 10 ms, each sampling every thread of
-# the process) and the system monitor. On a worker's own machine they cost it ~1%; 32 to a
-# process they cost a quarter of a core idle, which is the bench's, not the product's.
+# the process), the event loop's tick measurement (every 20 ms) and the system monitor. On a
+# worker's own machine they cost it ~1%; 32 to a process they cost a quarter of a core idle,
+# which is the bench's, not the product's.
 SHARED_PROCESS = {"distributed.worker.profile.enabled": False,
+                  "distributed.admin.tick.interval": "1s",
                   "distributed.admin.system-monitor.interval": "5s"}
 
 
@@ -69,7 +71,8 @@ async def serve(scheduler: str, gpu: int, spot: int, prefix: str, directory: str
     dask.config.set(SHARED_PROCESS)
     classes = [GPU] * gpu + [SPOT] * spot
     workers = [Worker(scheduler, nthreads=1, resources={cls: 1}, memory_limit=0,
-                      name=f"{prefix}-{cls}-{i:03d}", local_directory=directory)
+                      name=f"{prefix}-{cls}-{i:03d}", local_directory=directory,
+                      dashboard=False)
                for i, cls in enumerate(classes)]
     await asyncio.gather(*workers)
     print("ready", flush=True)

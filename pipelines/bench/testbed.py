@@ -21,6 +21,7 @@ import signal
 import subprocess
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 NETWORK = ipaddress.ip_network("198.18.0.0/15")   # RFC 2544 benchmarking addresses
@@ -142,6 +143,20 @@ def _free_subnet() -> ipaddress.IPv4Network:
         if not any(subnet.overlaps(u) for u in used):
             return subnet
     raise TestbedError(f"every /{_PREFIX} of {NETWORK} is in use here")
+
+
+def session_pids(leader: int) -> list[int]:
+    """The processes of the session ``leader`` started (a host's process and its children)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:   # it ended meanwhile
+                continue
+            if int(fields[3]) == leader:   # the stat's 6th field: the session id
+                out.append(int(entry.name))
+    return sorted(out)
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -357,7 +357,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
            type=_time_scale, metavar="X")
     option("--scenarios", "the scenarios to run -- preemption: of main (clean and chaos), "
                           "balance and sp (default: all; --quick: main); faults: of partition, "
-                          "zombie, dual_driver, store_outage, driver_loss, scheduler_loss "
+                          "zombie, dual_driver, store_outage, driver_loss, cpu_hog, scheduler_loss "
                           "(default: all)", metavar="S1,S2")
     p.set_defaults(func=cmd_bench)
 

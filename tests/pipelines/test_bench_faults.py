@@ -130,3 +130,10 @@ def test_a_lost_driver_host_and_a_lost_scheduler_host_finish_identically(bench):
     assert found["driver_loss"]["lease_ttl_s"] == pytest.approx(LEASE_TTL_S, abs=0.01), found
     # It found the lease live (the kill was just before), said so, waited, and took it.
     assert found["driver_loss"]["takeover_waited_s"] is not None, found
+
+
+def test_a_worker_cut_off_beside_the_cpu_hog_misses_its_target():
+    """The CPU hog's target: a slow worker is not cut off (besides nothing lost or mixed)."""
+    fine = {"requests_lost": 0, "identical_to_clean": True, "foreign_writes": 0}
+    assert targets_met({"cpu_hog": {**fine, "false_cut_offs": 0}}) == {"cpu_hog": True}
+    assert targets_met({"cpu_hog": {**fine, "false_cut_offs": 1}}) == {"cpu_hog": False}

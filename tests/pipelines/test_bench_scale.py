@@ -57,7 +57,7 @@ def test_bench_scale_quick_from_outside_the_repository(tmp_path, outside_repo):
     # The largest size's dispatch delay fed into the paper-scale simulation: every system
     # pays it, on-demand included.
     sim = result["simulator"]
-    assert sim["from_size"] == "4" and sim["dispatch_s"] >= 0
+    assert sim["from_size"] in {"2", "4"} and sim["dispatch_s"] >= 0
     for name in ("without", "with"):
         assert sim[name]["speedup_vs_ondemand"]["ondemand"] == 1.0
         assert sim[name]["time_to_target_h"]["spotlight"] > 0
