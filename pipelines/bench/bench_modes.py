@@ -7,7 +7,9 @@ objective: ``nft-vanilla`` is DiffusionNFT's forward-process objective on random
 strong baseline without exploration), ``nft-spotlight`` the product's stale exploration on top
 of it; ``reuse-...`` is the same objective trained on the explored samples themselves
 (``objective.train_on_explored``: an iteration with explored seeds has no rollout), measured
-against ``nft-vanilla`` (without exploration it is that mode); ``fast-...`` is the few-step
+against ``nft-vanilla`` (without exploration it is that mode); ``awm-...`` and
+``awm-reuse-...`` are the same with Advantage Weighted Matching's objective in place of NFT's
+(``awm-reuse-spotlight`` against ``awm-vanilla``); ``fast-...`` is the few-step
 Flow-GRPO variant (a two-step SDE window, ODE elsewhere, only the window trained, as
 Flow-GRPO-Fast and MixGRPO).
 """
@@ -18,16 +20,21 @@ SEED_MODES = ("vanilla", "sync", "stale", "spotlight", "rlboost")
 OBJECTIVE_SETTINGS: dict[str, dict] = {
     "nft": {"objective.kind": "nft"},
     "reuse": {"objective.kind": "nft", "objective.train_on_explored": True},
+    "awm": {"objective.kind": "awm"},
+    "awm-reuse": {"objective.kind": "awm", "objective.train_on_explored": True},
     "fast": {"sampler.sde_window_size": 2},
 }
 # An objective whose runs without exploration are another's: its baseline is that one's.
-SAME_WITHOUT_EXPLORATION = {"reuse": "nft"}
+SAME_WITHOUT_EXPLORATION = {"reuse": "nft", "awm-reuse": "awm"}
 
 
 def split_mode(mode: str) -> tuple[str | None, str]:
-    """(objective prefix or None, the seed mode): 'nft-spotlight-x2' -> ('nft', 'spotlight-x2')."""
-    head, sep, rest = mode.partition("-")
-    return (head, rest) if sep and head in OBJECTIVE_SETTINGS else (None, mode)
+    """(objective prefix or None, the seed mode): 'nft-spotlight-x2' -> ('nft', 'spotlight-x2'),
+    'awm-reuse-spotlight' -> ('awm-reuse', 'spotlight'): the longest prefix that names one."""
+    for prefix in sorted(OBJECTIVE_SETTINGS, key=len, reverse=True):
+        if mode.startswith(prefix + "-"):
+            return prefix, mode[len(prefix) + 1:]
+    return None, mode
 
 
 def objective_settings(mode: str) -> dict:

@@ -6,7 +6,9 @@ few-step variant (Flow-GRPO-Fast, MixGRPO) is the same objective with a narrow
 ``nft`` is a forward-process objective in the manner of DiffusionNFT: the rollout's clean
 samples are re-noised at fresh noise levels and trained with the flow-matching loss, pulled
 toward an implicit positive policy in proportion to the reward and away through a negative one;
-it needs no log-probabilities, so any sampler may produce the samples.
+``awm`` (Advantage Weighted Matching) trains the same re-noised samples with the pretraining
+loss weighted by each sample's advantage. Neither needs log-probabilities, so any sampler may
+produce the samples.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 from spotlight.config.base import ConfigError, Validated, spec
 
-OBJECTIVES = ("flow-grpo", "nft")
+OBJECTIVES = ("flow-grpo", "nft", "awm")
+FORWARD_PROCESS = ("nft", "awm")   # trained on clean samples alone: no log-probabilities
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -25,7 +28,9 @@ class ObjectiveConfig(Validated):
                                   "log-probabilities (narrow sampler.sde_window_size for the "
                                   "Flow-GRPO-Fast / MixGRPO variant); 'nft' = forward-process "
                                   "flow matching toward reward-weighted implicit positive and "
-                                  "negative policies (DiffusionNFT's objective).",
+                                  "negative policies (DiffusionNFT's objective); 'awm' = the "
+                                  "pretraining flow-matching loss weighted by each sample's "
+                                  "advantage (Advantage Weighted Matching).",
                      choices=OBJECTIVES)
     nft_beta: float = spec(1.0, "nft: how far the implicit policies sit from the sampling "
                                 "policy: v+ = (1 - b) v_old + b v, v- = (1 + b) v_old - b v.",
@@ -35,16 +40,22 @@ class ObjectiveConfig(Validated):
                               range=(1, 1000))
     nft_sigma_min: float = spec(0.02, "nft: lowest noise level trained (near 0 the loss only "
                                       "sees pixels, not structure).", range=(0.0, 0.99))
+    awm_timesteps: int = spec(4, "awm: noise levels each sample is trained at per iteration, "
+                                 "one per equal slice of the logit-normal law.",
+                              range=(1, 1000))
+    awm_time_shift: float = spec(1.0, "awm: shift of the noise levels toward noise, as "
+                                      "pretraining's timestep shift (s -> k s / (1 + (k - 1) "
+                                      "s)); 1 = the plain logit-normal.", range=(0.1, 20.0))
     train_on_explored: bool = spec(
-        False, "nft: an iteration whose seeds were chosen among explored candidates trains on "
-               "those candidates' samples and exploration rewards as they are (drawn with the "
-               "weights that explored them, at the exploration's steps) instead of rolling the "
-               "seeds out again: no rollout or reward stage on its critical path.")
+        False, "nft and awm: an iteration whose seeds were chosen among explored candidates "
+               "trains on those candidates' samples and exploration rewards as they are (drawn "
+               "with the weights that explored them, at the exploration's steps) instead of "
+               "rolling the seeds out again: no rollout or reward stage on its critical path.")
 
     def validate(self) -> None:
-        if self.train_on_explored and self.kind != "nft":
+        if self.train_on_explored and self.kind not in FORWARD_PROCESS:
             raise ConfigError(
                 f"objective.train_on_explored needs samples it may train on without their "
                 f"log-probabilities under the current weights, but objective.kind = "
-                f"{self.kind!r} trains on those; set objective.kind: nft, or "
+                f"{self.kind!r} trains on those; set objective.kind: nft or awm, or "
                 f"objective.train_on_explored: false")

@@ -1,8 +1,9 @@
 """The trainers a run can optimise with (``objective.kind``), built by one function.
 
-Both share the rollout, the rewards, the group advantages, the micro-batch loop, data-parallel
-peers and the optimizer (:class:`~spotlight.rl.trainer.FlowGRPO`); the forward-process trainer
-replaces only what one micro-batch's loss is and what it needs computed first.
+All share the rollout, the rewards, the group advantages, the micro-batch loop, data-parallel
+peers and the optimizer (:class:`~spotlight.rl.trainer.FlowGRPO`); the forward-process trainers
+(DiffusionNFT's, and AWM's on top of it) replace only what one micro-batch's loss is and what it
+needs computed first.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 import torch
 
 from spotlight.models.device import module_device, to_device
+from spotlight.rl.awm import awm_sigmas, matching_log_likelihood
+from spotlight.rl.grpo import ppo_clipped_loss
 from spotlight.rl.nft import nft_loss, noised, optimality, training_noise, training_sigmas
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import ZERO_STATS, FlowGRPO, Rollout
@@ -30,11 +33,22 @@ class ForwardProcessTrainer(FlowGRPO):
         """Here: indices into the iteration's noise levels (every one is trained)."""
         return list(range(self.config.objective.nft_timesteps))
 
+    def noise_levels(self, iteration: int, count: int) -> list[float]:
+        """The iteration's ``count`` noise levels, every sample trained at each."""
+        return training_sigmas(self.config.seed, iteration, count,
+                               self.config.objective.nft_sigma_min)
+
+    def sample_loss(self, velocity: torch.Tensor, old: torch.Tensor, target: torch.Tensor,
+                    adv: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Per-sample loss at one noise level, and the share of samples clipped (none here)."""
+        optimal = torch.from_numpy(optimality(adv.cpu().numpy(), self.config.grpo.adv_clip_max))
+        return nft_loss(velocity, old, target, optimal.float().to(velocity.device),
+                        self.config.objective.nft_beta), 0.0
+
     def prepare(self, rollout: Rollout, batches: list[np.ndarray], steps: list[int],
                 iteration: int) -> None:
-        objective, traj = self.config.objective, rollout.trajectory
-        self.sigmas = training_sigmas(self.config.seed, iteration, len(steps),
-                                      objective.nft_sigma_min)
+        traj = rollout.trajectory
+        self.sigmas = self.noise_levels(iteration, len(steps))
         shape = tuple(traj.final.shape[1:])
         self.noise = training_noise(self.config.seed, iteration, len(traj.final), len(steps), shape)
         self.old_velocity = torch.zeros_like(self.noise)
@@ -72,11 +86,10 @@ class ForwardProcessTrainer(FlowGRPO):
     def _backward(self, traj: Trajectory, idx: torch.Tensor, adv: torch.Tensor, texts: list[str],
                   steps: list[int], share: float) -> dict[str, float]:
         """Accumulate the gradient of ``share`` x the mean NFT loss over rows ``idx``."""
-        objective, grpo = self.config.objective, self.config.grpo
+        grpo = self.config.grpo
         device = module_device(self.policy)
         x0 = to_device(traj.final[idx], device).float()
-        optimal = to_device(torch.from_numpy(optimality(adv.cpu().numpy(), grpo.adv_clip_max))
-                            .float(), device)
+        adv = to_device(adv, device).float()
         text, ref_text = self.encode_prompts(texts)
         known = self.old_known[idx]
         if not bool(known.all()) and self.stepped:
@@ -90,7 +103,8 @@ class ForwardProcessTrainer(FlowGRPO):
             # Before the first step the weights are the sampling policy's: v is v_old.
             self.old_velocity[idx[~known], j] = v.detach()[~known.to(v.device)].cpu()
             old = to_device(self.old_velocity[idx, j], device)
-            loss = nft_loss(v, old, target, optimal, objective.nft_beta).mean() * share
+            per_sample, clipped = self.sample_loss(v, old, target, adv)
+            loss = per_sample.mean() * share
             if self.reference is not None:
                 with torch.no_grad():
                     ref = self.reference.velocity(x, self._sigma(sigma, device), ref_text).float()
@@ -100,11 +114,33 @@ class ForwardProcessTrainer(FlowGRPO):
             (loss / len(steps)).backward(retain_graph=grpo.trainable == "all")
             out["loss"] += loss.item() / len(steps)
             out["approx_kl"] += float(((v.detach() - old) ** 2).mean()) * share / len(steps)
+            out["clip_fraction"] += clipped * share / len(steps)
         self.old_known[idx] = True
         return out
 
 
-TRAINERS = {"flow-grpo": FlowGRPO, "nft": ForwardProcessTrainer}
+class AdvantageWeightedTrainer(ForwardProcessTrainer):
+    """Advantage Weighted Matching (:mod:`spotlight.rl.awm`): the pretraining flow-matching
+    loss on each clean sample, at noise levels drawn as pretraining draws them, weighted by the
+    sample's advantage through Flow-GRPO's clipped ratio on its flow-matching likelihood. The
+    sampling policy's velocities (for the ratio's denominator), the re-noising and the KL to
+    the reference are the forward-process trainer's."""
+
+    def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
+        return list(range(self.config.objective.awm_timesteps))
+
+    def noise_levels(self, iteration: int, count: int) -> list[float]:
+        return awm_sigmas(self.config.seed, iteration, count, self.config.objective.awm_time_shift)
+
+    def sample_loss(self, velocity: torch.Tensor, old: torch.Tensor, target: torch.Tensor,
+                    adv: torch.Tensor) -> tuple[torch.Tensor, float]:
+        loss, stats = ppo_clipped_loss(matching_log_likelihood(velocity, target),
+                                       matching_log_likelihood(old, target), adv,
+                                       self.config.grpo.clip_range)
+        return loss, stats["clip_fraction"]
+
+
+TRAINERS = {"flow-grpo": FlowGRPO, "nft": ForwardProcessTrainer, "awm": AdvantageWeightedTrainer}
 
 
 def build_trainer(config, policy, reward_fn, check_rewards) -> FlowGRPO:

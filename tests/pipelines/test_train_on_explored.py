@@ -63,6 +63,23 @@ def test_the_harness_trains_on_the_samples_exploration_drew(explored_config):
     assert rewards.std(axis=1).max() > 0   # a group with signal: the comparison is not 0 == 0
 
 
+def test_awm_trains_on_the_explored_samples_too(tiny_run_config):
+    """Advantage Weighted Matching needs no log-probabilities either: an iteration with explored
+    seeds trains on those samples, without a rollout of its own."""
+    config = tiny_run_config.with_values({"objective.kind": "awm",
+                                          "objective.train_on_explored": True})
+    harness = InProcessRun(config, "spotlight")
+    try:
+        run = harness.run_iterations(2)
+        explored = [_explored(harness.store, k) for k in range(2)]
+        trained = [harness.store.load_checkpoint(k).weights for k in (1, 2)]
+    finally:
+        harness.close()
+    assert [it.source for it in run.iterations] == ["random", "explore"]
+    assert explored == [False, True]
+    assert any(not torch.equal(t, trained[1][n]) for n, t in trained[0].items())
+
+
 class Crash(Exception):
     """Stands for the driver dying right after a stage was recorded."""
 

@@ -11,7 +11,14 @@ import numpy as np
 from spotlight.models.prompts import Prompt
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import Trajectory, sample
-from spotlight.rl.trainer import FlowGRPO, Rollout, rollout_chunks, sample_keys
+from spotlight.rl.trainer import (
+    FlowGRPO,
+    Rollout,
+    iteration_prompts,
+    random_seeds,
+    rollout_chunks,
+    sample_keys,
+)
 
 
 @dataclass
@@ -69,3 +76,18 @@ def update(
     return UpdateStats(
         float(rollout.rewards.mean()), advantages.dropped, len(prompts), **stats
     ), rollout
+
+
+def reward_before_and_after(
+    trainer: FlowGRPO, prompts: list[Prompt], iterations: int = 8
+) -> tuple[float, float, list[UpdateStats]]:
+    """The mean reward of fixed probe seeds on two prompts before and after ``iterations``
+    updates on two prompts a time (random seeds), with each update's statistics."""
+    probe_seeds = random_seeds(99, 0, 2, 4)
+    before = float(sample_group(trainer, prompts[:2], probe_seeds).rewards.mean())
+    stats = [
+        update(trainer, k, iteration_prompts(prompts, k, 2, 0), random_seeds(0, k, 2, 4))[0]
+        for k in range(iterations)
+    ]
+    after = float(sample_group(trainer, prompts[:2], probe_seeds).rewards.mean())
+    return before, after, stats

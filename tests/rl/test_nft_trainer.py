@@ -9,8 +9,8 @@ from spotlight.rewards import check_rewards
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.nft import noised
 from spotlight.rl.objectives import ForwardProcessTrainer, build_trainer
-from spotlight.rl.trainer import FlowGRPO, iteration_prompts, random_seeds
-from tests.rl.loop import sample_group, update
+from spotlight.rl.trainer import FlowGRPO, random_seeds
+from tests.rl.loop import reward_before_and_after, sample_group, update
 from tests.rl.test_trainer import brightness
 
 
@@ -58,14 +58,9 @@ def test_nft_raises_a_simple_reward(nft_config):
     torch.manual_seed(0)
     trainer = build_trainer(nft_config, DigitsPolicy(nft_config.model, 12, 32), brightness,
                             check_rewards)
-    prompts = load_prompts("configs/prompts/ocr_train.txt", "ocr")
-    probe_seeds = random_seeds(99, 0, 2, 4)
-    before = sample_group(trainer, prompts[:2], probe_seeds).rewards.mean()
-    for k in range(8):
-        stats, _ = update(trainer, k, iteration_prompts(prompts, k, 2, 0),
-                                     random_seeds(0, k, 2, 4))
-        assert np.isfinite(stats.loss)
-    after = sample_group(trainer, prompts[:2], probe_seeds).rewards.mean()
+    before, after, stats = reward_before_and_after(
+        trainer, load_prompts("configs/prompts/ocr_train.txt", "ocr"))
+    assert all(np.isfinite(s.loss) for s in stats)
     assert after > before + 0.02, (before, after)
 
 
