@@ -213,8 +213,8 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tiny_run_yaml, tmp_path
     # The store audits as the uninterrupted run's does (`spotlight audit`'s table): every
     # request complete, every checkpoint there, the same rewards; only resumes differ.
     rows = audit_table(b).rows
-    assert [r["checkpoint"] for r in rows] == [1, 2]
-    assert all(r["requests"] == r["requests_complete"] > 0 for r in rows), rows
+    assert all(r["requests"] == r["requests_complete"] for r in rows), rows
+    assert sum(r["requests"] for r in rows) > 0 and rows[-1]["checkpoint"] == 2, rows
     steady = ("iteration", "requests", "checkpoint", "rollout_mean", "explore_mean")
     assert [{k: r[k] for k in steady} for r in rows] == \
         [{k: r[k] for k in steady} for r in audit_table(a).rows]
