@@ -9,7 +9,7 @@ import numpy as np
 
 from pipelines.bench.bench_modes import baseline_of, planned_ratio, seed_mode, split_mode
 from pipelines.bench.convergence_plot import plot_convergence
-from pipelines.bench.convergence_time import iteration_times
+from pipelines.bench.convergence_time import explore_wait_per_iteration, iteration_times
 from pipelines.bench.paired import cluster_part
 from pipelines.bench.registry import machine
 from spotlight.config import RunConfig
@@ -123,6 +123,8 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
         "unreached": {m: figures[m]["unreached"] for m in modes},
         "seconds_per_iteration": s_per_it,
+        "explore_wait_s": {m: explore_wait_per_iteration(c) for m, c in cluster.items()
+                           if c is not None},
         "time_to_target_s": times,
         "cost_to_target_usd": costs,
         "to_target": to_target_medians(its, times, costs),

@@ -28,6 +28,17 @@ def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
     return float(np.median(plain or seconds))
 
 
+def explore_wait_per_iteration(cluster_run: dict) -> float | None:
+    """The median seconds an iteration of a cluster run waited for the next one's exploration,
+    over the iterations :func:`seconds_per_iteration` takes (None: not measured): where it is
+    not 0, exploration bounded the iteration."""
+    waits = cluster_run.get("explore_wait_s")
+    if not waits:
+        return None
+    plain = [w for i, (w, v) in enumerate(zip(waits, cluster_run["validated"])) if i > 0 and not v]
+    return float(np.median(plain or waits))
+
+
 def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float,
                         spot_slots: int) -> float:
     """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations``

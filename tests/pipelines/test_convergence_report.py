@@ -216,6 +216,8 @@ def test_a_planned_mode_is_timed_without_the_stale_runs_wait_for_exploration(tmp
     result = summarize(jobs, FACTS, [0, 1], CONFIG, tmp_path / "c.png")
     assert result["seconds_per_iteration"]["stale"] == 11.0
     assert result["seconds_per_iteration"]["spotlight"] == 7.0
+    # Each measured mode's wait for exploration is reported beside its seconds.
+    assert result["explore_wait_s"] == {"vanilla": None, "sync": None, "stale": 4.0}
 
 
 def test_a_planned_mode_on_explored_samples_pays_its_rollouts_and_overruns():
