@@ -61,7 +61,7 @@ from spotlight.exploration.planner import exploration_window_s
 from spotlight.models.base import base_policy
 from spotlight.models.prompts import world_prompts
 from spotlight.rewards import build_reward, check_rewards
-from spotlight.rl.validation import validate
+from spotlight.rl.validation import standard_error, validate
 
 DEFAULT_MODES = ("vanilla", "sync", "stale", "spotlight")
 # The default target: the base's validation reward plus this. GenEval's world gains more early
@@ -85,14 +85,16 @@ QUICK_SETTINGS = {"grpo.prompts_per_iteration": 4, "grpo.group_size": 4, "grpo.m
                   "exploration.request_batch": 4}
 
 
-def base_validation(config: RunConfig) -> float:
-    """The base model's validation reward: deterministic ODE samples on fixed seeds (not the run
-    seed's), so it is where every mode and every seed starts. Computed with the gpu workers'
-    thread count, so the floating-point sums match theirs."""
+def base_validation(config: RunConfig) -> tuple[float, float]:
+    """The base model's validation reward and its standard error (prompts as the unit):
+    deterministic ODE samples on fixed seeds (not the run seed's), so it is where every mode and
+    every seed starts. Computed with the gpu workers' thread count, so the floating-point sums
+    match theirs."""
     torch.set_num_threads(config.cluster.threads_per_worker)
     prompts = world_prompts(config, "val")
-    return validate(base_policy(config, progress=False), prompts, build_reward(config.reward),
-                    check_rewards, config).mean_reward
+    result = validate(base_policy(config, progress=False), prompts, build_reward(config.reward),
+                      check_rewards, config)
+    return result.mean_reward, standard_error(result.rewards)
 
 
 def run_until(config: RunConfig, mode: str, url: str, target: float | None,
@@ -226,11 +228,12 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     budget = budget or min(iterations, 2 if quick else 10)
     _check_budget(budget, iterations, cfg.validation.every)
     started = time.monotonic()
-    base = base_validation(cfg)   # builds (digits: pretrains, cached) the base first
+    base, base_se = base_validation(cfg)   # builds (digits: pretrains, cached) the base first
     if target_gain is None:
         target_gain = TASK_TARGET_GAIN.get(cfg.world.task, 0.02)
     goal = target if target is not None else base + target_gain
-    print(f"base validation reward {base:.3f}; target {goal:.3f}", flush=True)
+    print(f"base validation reward {base:.3f} (standard error {base_se:.4f}); target "
+          f"{goal:.3f}", flush=True)
     every = cfg.validation.every
     plan = PairedPlan(cfg, iterations, every, base,
                       lag_points=tuple(k for k in range(2 * every, iterations + 1, 2 * every)),
@@ -240,6 +243,8 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
     store = PairedStore.open(folder, plan, resume)
     png = Path(json_path).with_suffix(".png") if json_path else folder / "convergence.png"
     facts = {"task": cfg.world.task, "config": cfg.source, "base_val_reward": base,
+             "base_val_standard_error": base_se,
+             "standard_error_under_half_the_gain": bool(base_se < (goal - base) / 2),
              "target": goal, "seeds_asked": seeds, "modes": list(modes), "iterations": iterations,
              "budget": budget, "validation_every": every, "overrides": settings,
              "png": str(png), "parts": str(folder),

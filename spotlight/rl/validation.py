@@ -46,3 +46,11 @@ def validate(policy, prompts: list[Prompt], reward_fn, check_rewards, config: Ru
     check_rewards(rewards, "validation")
     rewards = rewards.reshape(len(prompts), cfg.seeds_per_prompt)
     return ValidationResult(float(rewards.mean()), rewards, images, prompts)
+
+
+def standard_error(rewards: np.ndarray) -> float:
+    """The standard error of a validation's mean reward, prompts as the unit (a prompt's seeds
+    share its difficulty, so they are not independent draws): the standard deviation of the
+    prompt means over the square root of the prompt count. ``rewards``: (prompts, seeds)."""
+    means = np.asarray(rewards, dtype=np.float64).mean(axis=1)
+    return float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")

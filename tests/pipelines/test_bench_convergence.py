@@ -48,7 +48,7 @@ def test_the_default_target_is_the_base_plus_the_tasks_gain(monkeypatch, task, t
     def stop(folder, plan, resume):
         raise Planned(plan.target)
 
-    monkeypatch.setattr(convergence, "base_validation", lambda config: 0.3)
+    monkeypatch.setattr(convergence, "base_validation", lambda config: (0.3, 0.004))
     monkeypatch.setattr(convergence.PairedStore, "open", staticmethod(stop))
     with pytest.raises(Planned) as planned:
         bench_convergence(task=task, target=target)
