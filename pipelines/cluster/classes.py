@@ -25,10 +25,15 @@ class Silent:
     tell: Callable[[str, float, str], None]
 
     def look(self, workers: dict, resource: str, what: str) -> None:
-        last_seen = {a: float(i["last_seen"]) for a, i in workers.items() if "last_seen" in i}
         mine = [a for a, i in workers.items() if class_of(i.get("resources", {})) == resource]
-        for addr, quiet in self.reports.newly_silent(last_seen, mine).items():
+        for addr, quiet in self.reports.newly_silent(heard_at(workers), mine).items():
             self.tell(str(workers[addr].get("name", addr)), quiet, what)
+
+
+def heard_at(workers: dict) -> dict[str, float]:
+    """When the scheduler last heard from each worker (its ``last_seen``, the scheduler's
+    clock), from its worker entries."""
+    return {a: float(i["last_seen"]) for a, i in workers.items() if "last_seen" in i}
 
 
 def workers_by_class(workers: dict) -> dict[str, list[str]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipelines.cluster import SPOT, ClusterHandle, task_error
-from pipelines.cluster.classes import scheduler_workers
+from pipelines.cluster.classes import class_of, heard_at, scheduler_workers
 from pipelines.cluster.preemption import HandedBack, NoticeInbox
 from pipelines.cluster.worker_setup import add_missing_plugins
 from spotlight.config import PreemptionConfig
@@ -215,7 +215,7 @@ class RequestPool:
                            plugins_added=add_missing_plugins(self.client, addr))
                 self.on_event("dispatch", {"what": "rejoined", "worker": name})
         now = {addr: info for addr, info in workers.items()
-               if _worker_class(info, self.resources) is not None
+               if class_of(info.get("resources", {}), self.resources) is not None
                and info.get("status", "running") == "running" and addr not in self._cut_off}
         for addr in sorted(set(self._addresses) - set(now)):
             self._lose(addr)
@@ -239,7 +239,7 @@ class RequestPool:
 
     def _join(self, addr: str, info: dict) -> None:
         self._addresses[addr] = str(info.get("name", addr))
-        cls = _worker_class(info, self.resources)
+        cls = class_of(info.get("resources", {}), self.resources)
         slots = int(info["resources"][cls])
         self._apply(self._handle(WorkerJoined(addr, slots=max(1, slots), cls=cls)))
 
@@ -265,8 +265,7 @@ class RequestPool:
         limit = self.config.heartbeat_silence_s
         if not limit:
             return
-        last_seen = {a: float(i["last_seen"]) for a, i in workers.items() if "last_seen" in i}
-        for addr, quiet in unheard(last_seen, self._addresses, limit).items():
+        for addr, quiet in unheard(heard_at(workers), self._addresses, limit).items():
             self._cut(addr, quiet, "heartbeat", limit)
 
     def _check_liveness(self, now: float) -> None:
@@ -473,9 +472,3 @@ def liveness_of(config: PreemptionConfig) -> Liveness:
 def offload_record(offload: Offload | None) -> dict:
     return {"event": "Offload", "offload": None if offload is None else
             {"speculate_on": list(offload.speculate_on), "margin_s": offload.margin_s}}
-
-
-def _worker_class(info: dict, classes: tuple[str, ...]) -> str | None:
-    """The first of ``classes`` whose resource the worker ``info`` offers (None: none)."""
-    resources = info.get("resources", {})
-    return next((c for c in classes if resources.get(c, 0) > 0), None)
