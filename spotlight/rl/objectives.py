@@ -38,12 +38,15 @@ class ForwardProcessTrainer(FlowGRPO):
         return training_sigmas(self.config.seed, iteration, count,
                                self.config.objective.nft_sigma_min)
 
+    def sample_weights(self, adv: torch.Tensor) -> torch.Tensor:
+        """What the loss weighs each row of a micro-batch by, once per micro-batch: here its
+        optimality probability r (from its clipped advantage)."""
+        return torch.from_numpy(optimality(adv.numpy(), self.config.grpo.adv_clip_max)).float()
+
     def sample_loss(self, velocity: torch.Tensor, old: torch.Tensor, target: torch.Tensor,
-                    adv: torch.Tensor) -> tuple[torch.Tensor, float]:
+                    weights: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Per-sample loss at one noise level, and the share of samples clipped (none here)."""
-        optimal = torch.from_numpy(optimality(adv.cpu().numpy(), self.config.grpo.adv_clip_max))
-        return nft_loss(velocity, old, target, optimal.float().to(velocity.device),
-                        self.config.objective.nft_beta), 0.0
+        return nft_loss(velocity, old, target, weights, self.config.objective.nft_beta), 0.0
 
     def prepare(self, rollout: Rollout, batches: list[np.ndarray], steps: list[int],
                 iteration: int) -> None:
@@ -89,7 +92,7 @@ class ForwardProcessTrainer(FlowGRPO):
         grpo = self.config.grpo
         device = module_device(self.policy)
         x0 = to_device(traj.final[idx], device).float()
-        adv = to_device(adv, device).float()
+        weights = to_device(self.sample_weights(adv.cpu()), device)
         text, ref_text = self.encode_prompts(texts)
         known = self.old_known[idx]
         if not bool(known.all()) and self.stepped:
@@ -103,7 +106,7 @@ class ForwardProcessTrainer(FlowGRPO):
             # Before the first step the weights are the sampling policy's: v is v_old.
             self.old_velocity[idx[~known], j] = v.detach()[~known.to(v.device)].cpu()
             old = to_device(self.old_velocity[idx, j], device)
-            per_sample, clipped = self.sample_loss(v, old, target, adv)
+            per_sample, clipped = self.sample_loss(v, old, target, weights)
             loss = per_sample.mean() * share
             if self.reference is not None:
                 with torch.no_grad():
@@ -132,10 +135,14 @@ class AdvantageWeightedTrainer(ForwardProcessTrainer):
     def noise_levels(self, iteration: int, count: int) -> list[float]:
         return awm_sigmas(self.config.seed, iteration, count, self.config.objective.awm_time_shift)
 
+    def sample_weights(self, adv: torch.Tensor) -> torch.Tensor:
+        """Here: the advantage itself."""
+        return adv.float()
+
     def sample_loss(self, velocity: torch.Tensor, old: torch.Tensor, target: torch.Tensor,
-                    adv: torch.Tensor) -> tuple[torch.Tensor, float]:
+                    weights: torch.Tensor) -> tuple[torch.Tensor, float]:
         loss, stats = ppo_clipped_loss(matching_log_likelihood(velocity, target),
-                                       matching_log_likelihood(old, target), adv,
+                                       matching_log_likelihood(old, target), weights,
                                        self.config.grpo.clip_range)
         return loss, stats["clip_fraction"]
 
