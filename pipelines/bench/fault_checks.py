@@ -40,7 +40,9 @@ def run_differences(clean: RunStore, faulted: RunStore, iterations: int) -> dict
     whose weights differ (or are missing), and per iteration the reward cells that differ, by
     the stage that scored them -- so a mismatch names the first stage it came from."""
     out: dict = {}
-    weights = [k for k in range(1, iterations + 1) if not _same_weights(clean, faulted, k)]
+    latest = faulted.latest_checkpoint() or 0
+    weights = [k for k in range(1, iterations + 1)
+               if k > latest or not _same_weights(clean, faulted, k)]
     if weights:
         out["weights"] = weights
     ra, rb = clean.open_rewards(), faulted.open_rewards()
@@ -65,9 +67,6 @@ def run_differences(clean: RunStore, faulted: RunStore, iterations: int) -> dict
 
 
 def _same_weights(clean: RunStore, faulted: RunStore, iteration: int) -> bool:
-    latest = faulted.latest_checkpoint()
-    if latest is None or latest < iteration:
-        return False
     wa, wb = clean.load_checkpoint(iteration), faulted.load_checkpoint(iteration)
     return wa.weights.keys() == wb.weights.keys() and all(
         np.array_equal(t.numpy(), wb.weights[n].numpy()) for n, t in wa.weights.items())

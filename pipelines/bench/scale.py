@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -216,7 +217,7 @@ def run_iteration(handle: ClusterHandle, store: RunStore, cluster: "ScaleCluster
             / elapsed / running,
             "store_driver": used.store_driver, "store_workers": used.store_workers,
             "store_per_s": {k: n / elapsed for k, n in
-                            _added(used.store_driver, used.store_workers).items()}}
+                            (used.store_driver + used.store_workers).items()}}
 
 
 def dispatch_latencies(results: dict[str, dict], began: float) -> list[float]:
@@ -239,14 +240,6 @@ def latency_quantiles(latencies: list[float]) -> dict:
             "max": float(values.max())}
 
 
-def _added(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted(set(a) | set(b))}
-
-
-def _less(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    return {k: n - b.get(k, 0) for k, n in a.items() if n - b.get(k, 0)}
-
-
 # -- what was used ---------------------------------------------------------------------------
 @dataclass
 class Usage:
@@ -258,27 +251,25 @@ class Usage:
     scheduler_cpu_s: float
     workers_cpu_s: float
     server_cpu_s: float = 0.0
-    store_driver: dict[str, int] = field(default_factory=dict)
-    store_workers: dict[str, int] = field(default_factory=dict)
+    store_driver: Counter = field(default_factory=Counter)
+    store_workers: Counter = field(default_factory=Counter)
 
     @classmethod
     def now(cls, client, cluster: "ScaleCluster", server_pid: int | None = None) -> "Usage":
         per_process = dict(client.run(process_operations).values())   # workers share a pid
-        workers: dict[str, int] = {}
-        for counts in per_process.values():
-            workers = _added(workers, counts)
         return cls(time.process_time(), cpu_s(cluster.scheduler.pid),
                    sum(cpu_s(host.pid) for host in cluster.hosts),
-                   0.0 if server_pid is None else cpu_s(server_pid), operations.operations(),
-                   workers)
+                   0.0 if server_pid is None else cpu_s(server_pid),
+                   Counter(operations.operations()),
+                   sum(map(Counter, per_process.values()), Counter()))
 
     def since(self, before: "Usage") -> "Usage":
         return Usage(self.driver_cpu_s - before.driver_cpu_s,
                      self.scheduler_cpu_s - before.scheduler_cpu_s,
                      self.workers_cpu_s - before.workers_cpu_s,
                      self.server_cpu_s - before.server_cpu_s,
-                     _less(self.store_driver, before.store_driver),
-                     _less(self.store_workers, before.store_workers))
+                     self.store_driver - before.store_driver,   # counts only grow
+                     self.store_workers - before.store_workers)
 
 
 # -- the cluster -----------------------------------------------------------------------------
