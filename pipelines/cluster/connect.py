@@ -44,6 +44,21 @@ class ClusterLostError(ClusterError):
     """No worker of a class a stage needs is left (they died or left) and none returned."""
 
 
+def scheduler_connection_closed(err: BaseException) -> bool:
+    """Whether ``err`` (or what it was raised from) is Dask's "connection closed": the scheduler
+    went away. Dask's ``CommClosedError`` is an ``OSError``, so without this it would read as a
+    file-system error; and it can reach the driver before the client's status says "closed"."""
+    from distributed.comm.core import CommClosedError  # distributed loads lazily here
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, CommClosedError):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 class TaskFailedError(RuntimeError):
     """A task raised on a worker; the message names the stage, the worker class and the error."""
 

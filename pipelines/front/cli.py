@@ -438,6 +438,7 @@ RUNNING: dict = {}   # the run this process works on, for the resume hint
 def _classify(err: BaseException) -> tuple[int, str]:
     """The exit code and the one line a user reads for ``err``."""
     from pipelines.cluster import ClusterError, RunInterrupted, TaskFailedError
+    from pipelines.cluster.connect import scheduler_connection_closed
     from storage import StorageError
     from storage.errors import DriverFenced
 
@@ -449,6 +450,10 @@ def _classify(err: BaseException) -> tuple[int, str]:
         return EXIT_STORAGE, f"storage: {err}"
     if isinstance(err, ClusterError):
         return EXIT_CLUSTER, f"cluster: {err}"
+    if scheduler_connection_closed(err):
+        return EXIT_CLUSTER, (f"cluster: the connection to the scheduler closed ({err}); what "
+                              "was committed stays: start a scheduler and its workers, then "
+                              "`spotlight run --resume RUN_URL --scheduler NEW_ADDRESS`")
     if isinstance(err, TaskFailedError):
         return EXIT_TASK, f"task: {err}"
     if isinstance(err, (ConfigError, UsageError)):

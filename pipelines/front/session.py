@@ -25,7 +25,7 @@ from pipelines.cluster import (
     open_cluster,
     register_worker_setup,
 )
-from pipelines.cluster.connect import register_everywhere
+from pipelines.cluster.connect import register_everywhere, scheduler_connection_closed
 from pipelines.cluster.dask_log import run_log_file
 from pipelines.cluster.injector import PreemptionInjector
 from pipelines.cluster.preemption import preemption_watch
@@ -227,8 +227,8 @@ class Session:
         except Exception as err:
             if self.lease is not None and self.lease.lost is not None:
                 raise self.lease.lost from err   # stopped because another driver took over
-            if self.cluster.client_status() != "running" and \
-                    not isinstance(err, ClusterLostError):   # Dask cancelled what was running
+            lost = self.cluster.client_status() != "running" or scheduler_connection_closed(err)
+            if lost and not isinstance(err, ClusterLostError):   # Dask cancelled what ran
                 raise self.cluster.scheduler_lost("the run") from err
             raise
         return self.history

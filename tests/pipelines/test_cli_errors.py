@@ -113,3 +113,26 @@ def test_debug_adds_the_traceback(workdir, capsys):
     assert main(["run", "--config", "tiny.yaml", "--set", "grpo.lr=abc", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_a_closed_scheduler_connection_is_a_cluster_error_not_a_file_system_one():
+    """Dask's CommClosedError is an OSError: raised bare, or as the cause of another error,
+    when the scheduler goes away, it must read as the cluster's loss (exit 4, how to resume),
+    never as "file system" (exit 3)."""
+    from distributed.comm.core import CommClosedError
+
+    from pipelines.front.cli import EXIT_CLUSTER, EXIT_STORAGE, _classify
+
+    closed = CommClosedError("in <TCP (closed) ConnectionPool.identity local=... remote=...>")
+    try:
+        try:
+            raise closed
+        except CommClosedError as err:
+            raise RuntimeError("the dispatch pool stopped") from err
+    except RuntimeError as wrapped:
+        chained = wrapped
+    for err in (closed, chained):
+        code, line = _classify(err)
+        assert code == EXIT_CLUSTER and "--resume" in line, line
+    assert _classify(FileNotFoundError(2, "No such file", "/nowhere"))[0] != EXIT_CLUSTER
+    assert _classify(PermissionError(13, "denied", "/root"))[0] == EXIT_STORAGE
