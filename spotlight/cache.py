@@ -18,6 +18,19 @@ def cache_dir() -> Path:
     return path
 
 
+# A folder read before the cache for trained models (the digits base, the recogniser): a
+# bench's own copies, shipped with its saved parts so that it resumes on another machine from
+# the very weights it started from (pipelines.bench.shipped).
+MODELS_ENV = "SPOTLIGHT_MODELS"
+
+
+def model_dir(name: str) -> Path:
+    """Where the trained model ``name`` lives: in ``$SPOTLIGHT_MODELS`` when that is set, else
+    in :func:`cache_dir`."""
+    root = os.environ.get(MODELS_ENV)
+    return (Path(root) if root else cache_dir()) / name
+
+
 def write_atomically(target: Path, write: Callable[[str], object]) -> None:
     """``write(tmp)`` into a temporary file beside ``target``, then rename it over ``target``: a
     concurrent reader never sees half a file, and processes that make the same cache entry at

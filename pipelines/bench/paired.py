@@ -187,9 +187,9 @@ def refusal(path: Path, base: float | None, plan: PairedPlan) -> str:
     if base is not None and abs(base - plan.base_val_reward) > 1e-12:
         return (f"{path} was measured from a base model that validates at {base:.4f}, "
                 f"and this bench's base validates at {plan.base_val_reward:.4f}: the base was "
-                "pretrained again (another machine's CPU, or an emptied SPOTLIGHT_CACHE). "
-                "Point SPOTLIGHT_CACHE at the cache that built the saved base to resume, or run "
-                "the seeds left as a new bench (--set seed=N, another --json) and pool them")
+                "pretrained again (the parts' models/ folder was removed or not copied along). "
+                "Restore that folder to resume, or run the seeds left as a new bench "
+                "(--set seed=N, another --json) and pool them")
     return (f"{path} was measured with other settings (config, iterations or validation) than "
             "this bench's, or saved by a Spotlight whose mode names differ: resume with the "
             "same command, or move the folder away to start over")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from spotlight.cache import cache_dir, write_atomically
+from spotlight.cache import model_dir, write_atomically
 from spotlight.config import RunConfig, config_hash
 from spotlight.models.base import register_base
 from spotlight.models.policy import DigitsPolicy, pack
@@ -43,7 +43,7 @@ def base_model_dir(config: RunConfig) -> Path:
              if k not in ("policy", "device")}
     key = config_hash(config.world.task, config.world.canvas_height, config.world.canvas_width,
                       config.world.glyphs_per_class, model, config.pretrain, CODE_VERSION)
-    return cache_dir() / f"base-{config.world.task}-{key}"
+    return model_dir(f"base-{config.world.task}-{key}")
 
 
 def composed_batch(config: RunConfig, rng: np.random.Generator) -> tuple[list[str], torch.Tensor]:

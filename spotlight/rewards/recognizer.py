@@ -4,7 +4,7 @@ It is trained on scikit-learn's bundled 8x8 digits (nothing is downloaded), with
 held out. Training patches paste a digit at a random offset into a ``PATCH`` x ``PATCH`` square
 in a random ink colour, with mild blur, noise and stray neighbour ink, because the detector crops
 noisy generated canvases and the geneval world draws digits in any palette colour. Weights are
-cached as safetensors under ``cache_dir()/recognizer-<hash>/`` keyed by the training recipe, so
+cached as safetensors under ``model_dir("recognizer-<hash>")`` keyed by the training recipe, so
 later runs load in milliseconds instead of retraining; nothing is ever unpickled.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from spotlight.cache import cache_dir, write_atomically
+from spotlight.cache import model_dir, write_atomically
 from spotlight.config import RewardConfig, config_hash
 from spotlight.models.prompts import PALETTE
 from spotlight.models.world import DIGIT, digit_images
@@ -222,7 +222,7 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 def recognizer_dir(epochs: int, seed: int) -> Path:
     """Cache folder of the recogniser of ``epochs`` and ``seed`` under the current ``RECIPE``."""
     key = config_hash({"recipe": RECIPE, "patch": PATCH, "epochs": epochs, "seed": seed})
-    return cache_dir() / f"recognizer-{key}"
+    return model_dir(f"recognizer-{key}")
 
 
 _LOADED: dict[Path, Recognizer] = {}

@@ -62,11 +62,12 @@ def test_bench_learning_quick_writes_contract_keys(tiny_yaml, tmp_path, outside_
 
 
 def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_path,
-                                                                outside_repo):
+                                                                outside_repo, monkeypatch):
     """Three modes, paired seeds in the harness (2 iterations each), the first seed's cluster
     checks, and spotlight's planner planning on the time the stale check measured: the contract
     keys, the plot, the cluster computing the harness's curve; a second call without --resume
-    refuses to overwrite, with --resume it adds a seed and reruns nothing it had."""
+    refuses to overwrite, with --resume it adds a seed and reruns nothing it had -- from the
+    base and reward model it shipped with its parts, with an empty model cache."""
     out_json = tmp_path / "conv.json"
     args = ["--config", str(tiny_yaml), "--target", "2.0",
             "--modes", "vanilla,stale,spotlight", "--set", "grpo.lr=0.0001"]
@@ -81,8 +82,17 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
     assert refused.returncode == 2, refused.stderr   # without --resume: keeps what it has
     assert "--resume" in refused.stderr
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")} == saved
+    shipped = json.loads((parts / "models" / "shipped.json").read_text())
+    assert {name.split("/")[0].rsplit("-", 1)[0] for name in shipped["files"]} == \
+        {"base-ocr", "recognizer"}
+    assert shipped["base_val_reward"] == first["base_val_reward"]
+    # Resumed as on another machine: an empty cache, so only the shipped models can serve.
+    elsewhere = tmp_path / "another-machine-cache"
+    monkeypatch.setenv("SPOTLIGHT_CACHE", str(elsewhere))
     result, resumed = run_quick_bench("convergence", args + ["--seeds", "2", "--resume"],
                                       outside_repo, out_json, timeout=300)
+    assert not [p.name for p in elsewhere.glob("*") if p.name.startswith(("base-", "recog"))]
+    assert result["base_val_reward"] == first["base_val_reward"]
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")
             if p.name in saved} == saved   # seed 0 not rerun
     assert result["seeds"] == 2 and result["seed_list"] == [0, 1]
