@@ -18,6 +18,7 @@ def private_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("spotlight-cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOTLIGHT_CACHE", str(path))
+    mp.delenv("SPOTLIGHT_MODELS", raising=False)   # nor a bench's shipped models
     torch.set_num_threads(2)
     yield path
     mp.undo()

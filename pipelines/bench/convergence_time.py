@@ -43,7 +43,7 @@ def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float
                         spot_slots: int) -> float:
     """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations``
     iterations (all of them if it ran fewer): each the longer of the gpu path (``fitted_s``,
-    plus the rollout where a mode that trains on explored samples had to sample one) and the
+    plus the share of the rollout that a mode training on explored samples had to sample) and the
     exploration its plan started on its spot slots (``spot_slots`` per unit of its capacity
     ratio)."""
     _, per_step, rollout_s = (list(job.get("time_model") or []) + [None, None, None])[:3]
@@ -52,8 +52,9 @@ def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float
     seconds = []
     for it in job["iterations"][:max(1, int(np.ceil(iterations)))]:
         gpu = fitted_s
-        if reuses and it["iteration"] > 0 and not it.get("trained_on_explored", True):
-            gpu += rollout_s or 0.0
+        if reuses and it["iteration"] > 0:   # the share of the rollout it still sampled
+            unexplored = 0.0 if it.get("trained_on_explored", True) else 1.0
+            gpu += (rollout_s or 0.0) * it.get("sampled", unexplored)
         explore = 0.0
         if it.get("plan") and per_step is not None:
             candidates, steps, prompts = it["plan"]

@@ -34,6 +34,7 @@ from pipelines.run.rollout import (
     PulledRequests,
     RolloutBackend,
     finish_rollout,
+    rollout_request_of,
     rollout_requests,
 )
 from pipelines.run.sharded_train import sharded_train
@@ -283,13 +284,14 @@ class Driver:
         return self.exploration.finish_audit(r.work)
 
     def _RollOutExplored(self, r: requests.RollOutExplored) -> bool:
-        """The selected seeds' explored samples become the rollout (recorded here) and their
-        exploration rewards its rewards (written here, read by the reward stage)."""
+        """The selected seeds' explored samples become the rollout (recorded here), joined
+        with the other prompts' rollout where exploration covered only some; all explored:
+        their exploration rewards are its rewards (written here, read by the reward stage)."""
         where = self.worker_class("train")
         request = tasks.RolloutRequest(r.iteration, r.prompts, r.selection.seeds, r.iteration)
         out = self.result(self.submit(explored_rollout_task, self.config, self.store, request,
-                                      r.selection, r.stage, resource=where,
-                                      name="explored-rollout"),
+                                      r.selection, r.stage, r.rows, self._work.part_start,
+                                      resource=where, name="explored-rollout"),
                           f"iteration {r.iteration}'s explored samples", where)
         if out["found"]:
             self._work.records.append(out["record"])
@@ -297,11 +299,12 @@ class Driver:
         return bool(out["found"])
 
     def _RollOut(self, r: requests.RollOut) -> None:
-        chunks = rollout_requests(self.config, tasks.RolloutRequest(r.iteration, r.prompts,
-                                                                    r.seeds, r.iteration))
+        request = rollout_request_of(r)
+        self._work.part_start = time.time() if request.part else None
+        chunks = rollout_requests(self.config, request)
         done = self._rollout_backend().run(self, chunks)
-        self._work.records += finish_rollout(self.store, self.log, chunks, r.seeds, done)
-        self._work.rollout_f = done.held
+        self._work.records += finish_rollout(self.store, self.log, chunks, request.seeds, done)
+        self._work.rollout_f = done.held if r.rows is None else None   # a part: never held
 
     def _rollout_held(self, k: int):
         """The future of iteration k's rollout: held in its worker's memory, else read back

@@ -31,7 +31,13 @@ from pipelines.cluster.runtime import reset_runtime
 from pipelines.run import recording, rollout_store, tasks
 from pipelines.run.exploration import explore_requests
 from pipelines.run.explored import explored_rollout_task
-from pipelines.run.rollout import RolloutDone, finish_rollout, rollout_requests, rollout_task
+from pipelines.run.rollout import (
+    RolloutDone,
+    finish_rollout,
+    rollout_request_of,
+    rollout_requests,
+    rollout_task,
+)
 from pipelines.run.stage_log import StageLog
 from pipelines.run.stages import (
     IterationRecord,
@@ -75,6 +81,7 @@ class IterationSummary:
     train_stats: dict = field(default_factory=dict)
     zero_std_groups: int = 0  # groups whose rewards were all equal (no signal)
     wall_s: float = field(default=0.0, compare=False)  # measured: two runs differ
+    sampled: float = 1.0  # the share of its samples a rollout drew (the rest were explored)
 
 
 @dataclass
@@ -137,6 +144,7 @@ class InProcessRun:
         self.last_validation: dict | None = None
         self._candidates: dict[tuple[int, str], requests.Candidates] = {}
         self._rollouts: dict[int, tasks.RolloutOutput] = {}
+        self._part_start: float | None = None  # when the unexplored prompts' rollout began
         base = self.validate(0) if base_val_reward is None else float(base_val_reward)
         self.run = InProcessHistory(mode, self.config.seed, base)
 
@@ -226,6 +234,7 @@ class InProcessRun:
             outcome.train_stats,
             int((~outcome.advantages["kept"]).sum()),
             time.monotonic() - start,
+            outcome.rolled_out / rewards.size if outcome.explored_rollout else 1.0,
         )
 
     # --- the program's requests ------------------------------------------------------------------
@@ -306,7 +315,9 @@ class InProcessRun:
 
     def _RollOutExplored(self, r: requests.RollOutExplored) -> bool:
         request = tasks.RolloutRequest(r.iteration, r.prompts, r.selection.seeds, r.iteration)
-        out = explored_rollout_task(self.config, self.store, request, r.selection, r.stage)
+        out = explored_rollout_task(
+            self.config, self.store, request, r.selection, r.stage, r.rows, self._part_start
+        )
         if out["found"]:
             self._rollouts[r.iteration] = tasks.load_rollout_task(
                 self.config, self.store, r.iteration
@@ -315,15 +326,16 @@ class InProcessRun:
         return bool(out["found"])
 
     def _RollOut(self, r: requests.RollOut) -> None:
-        request = tasks.RolloutRequest(r.iteration, r.prompts, r.seeds, r.iteration)
+        request = rollout_request_of(r)
+        self._part_start = time.time() if request.part else None
         out = rollout_task(self.config, self.store, request, self.attempt)
-        self._rollouts = {r.iteration: out}
+        self._rollouts = {} if request.part else {r.iteration: out}  # a part is joined first
         chunks = rollout_requests(self.config, request)
         finish_rollout(
             self.store,
             self.log,
             chunks,
-            r.seeds,
+            request.seeds,
             RolloutDone(
                 [out.record],
                 RolloutResult(task=out.record),

@@ -57,10 +57,13 @@ class RolloutChunk:
     prompts: list[Prompt]
     seeds: np.ndarray
     version: int
+    part: bool = False   # of a rollout of the unexplored prompts only (RolloutRequest.part)
 
     @property
     def name(self) -> str:
-        return f"p{self.first:04d}"
+        # A part's requests are named apart: should the iteration be rolled out whole after
+        # all, its requests hold other prompts and must not resume from the part's latents.
+        return f"{'r' if self.part else 'p'}{self.first:04d}"
 
     @property
     def streamed(self) -> StreamedRequest:
@@ -94,8 +97,18 @@ class RolloutChunk:
 def rollout_requests(config, request: tasks.RolloutRequest) -> list[RolloutChunk]:
     """The fixed-shape requests an iteration's rollout is sampled in, wherever it runs."""
     return [RolloutChunk(request.iteration, c.start, request.prompts[c],
-                         np.asarray(request.seeds[c]), request.version)
+                         np.asarray(request.seeds[c]), request.version, request.part)
             for c in rollout_chunks(len(request.prompts), config.grpo.request_prompts)]
+
+
+def rollout_request_of(asked) -> tasks.RolloutRequest:
+    """What a :class:`~spotlight.iteration.requests.RollOut` asks for: every prompt, or only
+    its ``rows`` (a part, for the explored samples to join)."""
+    if asked.rows is None:
+        return tasks.RolloutRequest(asked.iteration, asked.prompts, asked.seeds, asked.iteration)
+    rows = list(asked.rows)
+    return tasks.RolloutRequest(asked.iteration, [asked.prompts[p] for p in rows],
+                                np.asarray(asked.seeds)[rows], asked.iteration, part=True)
 
 
 def rollout_task(config, store, request: tasks.RolloutRequest,
@@ -119,7 +132,9 @@ def rollout_task(config, store, request: tasks.RolloutRequest,
         out = tasks.RolloutOutput(request.iteration, Trajectory.concat(trajectories),
                                   tasks.task_record("rollout", request.iteration, start,
                                                     request.version))
-        ctx.rollouts = {request.iteration: out}   # keep only the newest: memory stays bounded
+        # Keep only the newest, so memory stays bounded; a part is never held, so no worker
+        # can mistake it for the iteration's whole rollout (it is joined in the store).
+        ctx.rollouts = {} if request.part else {request.iteration: out}
         return out
 
 
@@ -175,7 +190,8 @@ class OneGpuTask:
         attempt = Attempt(ctx.store.epoch, 1)   # one task: the driver's only attempt
         where = ctx.worker_class("rollout")
         held = ctx.submit(rollout_task, ctx.config, ctx.store,
-                          tasks.RolloutRequest(first.iteration, prompts, seeds, first.version),
+                          tasks.RolloutRequest(first.iteration, prompts, seeds, first.version,
+                                               first.part),
                           attempt, resource=where, name="rollout")
         # The record alone comes back: the trajectory stays on its worker for reward.
         # (Dask runs it where that trajectory is, the costliest thing to move.)
@@ -224,9 +240,12 @@ class PulledRequests:
 def finish_rollout(store: RunStore, log: StageLog, chunks: list[RolloutChunk],
                    seeds: np.ndarray, done: RolloutDone) -> list[dict]:
     """Every request is in the store: write the stage's index and record the stage -- once,
-    whichever backend or executor ran it. Returns the requests' task records."""
+    whichever backend or executor ran it. Returns the requests' task records. A part (the
+    unexplored prompts) is indexed for the join to read, and not recorded: the stage is done
+    when the join has written the whole rollout."""
     iteration = chunks[0].iteration
     rollout_store.write_index(store, chunks[0].streamed.stage, [c.name for c in chunks],
                               [done.files[c.name] for c in chunks], seeds)
-    log.record(iteration, Stage.ROLLOUT, done.result)
+    if not chunks[0].part:
+        log.record(iteration, Stage.ROLLOUT, done.result)
     return done.records

@@ -73,6 +73,7 @@ class IterationWork:
     start: float
     records: list[dict] = field(default_factory=list)
     rollout_f: Future | None = None      # the rollout, held in its gpu worker's memory
+    part_start: float | None = None      # when the unexplored prompts' rollout began
     train_end: float = 0.0
     explore_wait_s: float | None = None
     preemptions: int = 0

@@ -44,12 +44,15 @@ from storage.checkpoints import OPTIMIZER_SHARDS
 
 @dataclass(frozen=True)
 class RolloutRequest:
-    """Roll out ``prompts`` x ``seeds`` (P x G) with weights ``version`` for ``iteration``."""
+    """Roll out ``prompts`` x ``seeds`` (P x G) with weights ``version`` for ``iteration``.
+    ``part``: these are only the prompts exploration did not cover, to be joined with the
+    explored samples (:func:`pipelines.run.explored.explored_rollout_task`)."""
 
     iteration: int
     prompts: list[Prompt]
     seeds: np.ndarray
     version: int
+    part: bool = False
 
 
 @dataclass(frozen=True)

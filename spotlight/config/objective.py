@@ -50,7 +50,8 @@ class ObjectiveConfig(Validated):
         False, "nft and awm: an iteration whose seeds were chosen among explored candidates "
                "trains on those candidates' samples and exploration rewards as they are (drawn "
                "with the weights that explored them, at the exploration's steps) instead of "
-               "rolling the seeds out again: no rollout or reward stage on its critical path.")
+               "rolling the seeds out again: no rollout or reward stage on its critical path. "
+               "Prompts left unexplored are rolled out alone and joined (partial reuse).")
 
     def validate(self) -> None:
         if self.train_on_explored and self.kind not in FORWARD_PROCESS:

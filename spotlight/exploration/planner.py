@@ -119,10 +119,10 @@ class ExplorationPlanner:
                 plan = Plan(iteration, n, m, prompts, wall(n, m), budget, arm,
                             "untried setting" if self.pulls[arm] == 0 else "ucb")
             else:
+                shrunk = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
+                                      min(self._steps(a, rollout_steps) for a in useful))
                 plan = self._covering(iteration, prompts, cheapest, rollout_steps, budget, wall,
-                                      replaced_rollout_s) or \
-                    self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
-                                 min(self._steps(a, rollout_steps) for a in useful))
+                                      replaced_rollout_s, shrunk.prompts) or shrunk
         plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
@@ -148,19 +148,23 @@ class ExplorationPlanner:
         return fits[max(range(len(fits)), key=lambda i: (scores[i], -i))]
 
     def _covering(self, iteration: int, prompts: int, cheapest: int, rollout_steps: int,
-                  budget: float, wall, replaced_rollout_s: float | None) -> Plan | None:
+                  budget: float, wall, replaced_rollout_s: float | None,
+                  within_budget: int) -> Plan | None:
         """Where explored samples replace the rollout, the cheapest setting on every prompt
         although it overruns the window: the iteration waits for the overrun, which is
-        shorter than the rollout that any unexplored prompt would bring back (None if not)."""
+        shorter than the rollout of the prompts that the plan within the budget (exploring
+        ``within_budget`` of them) would leave to sample (None if not)."""
         if replaced_rollout_s is None:
             return None
         n, m = self.arms[cheapest][0], self._steps(cheapest, rollout_steps)
         seconds = wall(n, m)
-        if seconds - budget >= replaced_rollout_s:
+        left_s = replaced_rollout_s * (prompts - within_budget) / prompts
+        if seconds - budget >= left_s:
             return None
         return Plan(iteration, n, m, prompts, seconds, budget, cheapest,
-                    f"over budget by {seconds - budget:.2f} s, under the "
-                    f"{replaced_rollout_s:.2f} s rollout its samples replace: every prompt")
+                    f"over budget by {seconds - budget:.2f} s, under the {left_s:.2f} s "
+                    f"rollout of the {prompts - within_budget} prompts a plan within it would "
+                    "leave: every prompt")
 
     def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:

@@ -14,10 +14,10 @@ from spotlight.iteration.program import (
     IterationProgram,
     Program,
     explore_window,
+    explored_rows,
     explored_stage,
     pulled,
     selected_seed_tau,
-    trains_on_explored,
     validation_due,
 )
 from spotlight.iteration.timing import NoPlanningTime, PlanningInputs, PlanningTime, TimeModel
@@ -53,6 +53,6 @@ __all__ = [
     "pulled",
     "requests",
     "selected_seed_tau",
-    "trains_on_explored",
+    "explored_rows",
     "validation_due",
 ]

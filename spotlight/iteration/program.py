@@ -97,14 +97,14 @@ def explored_stage(source: str) -> str:
     return SYNC if source in ("sync", SYNC) else STALE
 
 
-def trains_on_explored(config: RunConfig, selection: Selection | None) -> bool:
-    """Whether the iteration with ``selection`` takes its rollout from exploration: the
-    config asks for it and exploration scored every selected seed."""
-    return (
-        config.objective.train_on_explored
-        and selection is not None
-        and bool(np.isfinite(selection.selected_rewards).all())
-    )
+def explored_rows(config: RunConfig, selection: Selection | None) -> tuple[int, ...]:
+    """The prompts whose samples the iteration with ``selection`` takes from exploration: where
+    the config asks for it, those whose every selected seed exploration scored (a plan may
+    explore only the first prompts; the others get random seeds and are rolled out)."""
+    if not config.objective.train_on_explored or selection is None:
+        return ()
+    scored = np.isfinite(np.asarray(selection.selected_rewards)).all(axis=1)
+    return tuple(int(p) for p in np.flatnonzero(scored))
 
 
 def selected_seed_tau(stale: Candidates, selection: Selection, rewards: np.ndarray) -> float | None:
@@ -136,6 +136,7 @@ class IterationOutcome:
     advantages: dict | None = None
     train_stats: dict | None = None
     explored_rollout: bool = False  # the rollout was the explored samples
+    rolled_out: int = 0  # ... joined with this many samples of the unexplored prompts
     tau: float | None = None  # stale vs rollout rewards of the selected seeds
     audit_tau: float | None = None
     plan: Plan | None = None  # the plan that explores the next iteration
@@ -349,16 +350,22 @@ class IterationProgram:
         skipping what is recorded."""
         k, prompts, selection = out.iteration, out.prompts, out.selection
         if not self.stages.done(k, "rollout"):
-            found = trains_on_explored(self.config, selection) and (
-                yield RollOutExplored(k, prompts, selection, explored_stage(out.source))
+            rows = explored_rows(self.config, selection)
+            others = tuple(p for p in range(len(prompts)) if p not in rows)
+            if rows and others:  # partial reuse: sample only what exploration did not
+                yield RollOut(k, prompts, selection.seeds, rows=others)
+            found = bool(rows) and (
+                yield RollOutExplored(k, prompts, selection, explored_stage(out.source), rows)
             )
             if not found:
                 yield RollOut(k, prompts, selection.seeds)
-        out.explored_rollout = bool((self.stages.get(k, "rollout").task or {}).get("explored"))
+        task = self.stages.get(k, "rollout").task or {}
+        out.explored_rollout = bool(task.get("explored"))
+        out.rolled_out = int(task.get("rolled_out", 0))
         if self.stages.done(k, "reward"):
             out.rewards = yield ReadRewards(k)
-        else:
-            out.rewards = yield Score(k, prompts, out.explored_rollout)
+        else:  # explored samples come with their rewards; joined ones are scored together
+            out.rewards = yield Score(k, prompts, out.explored_rollout and not out.rolled_out)
 
     def _selected_seed_tau(self, k: int, selection: Selection, rewards: np.ndarray) -> Program:
         if not self.stages.done(k, STALE):

@@ -177,24 +177,30 @@ class FinishAudit:
 
 @dataclass(frozen=True)
 class RollOutExplored:
-    """Gather ``selection``'s explored samples (explored in ``stage``) into ``iteration``'s
-    rollout and their exploration rewards into its reward stage, and record the rollout. Answer
-    whether every selected seed had a kept sample (False: nothing written; roll it out)."""
+    """Gather ``selection``'s explored samples (explored in ``stage``) of the prompts ``rows``
+    into ``iteration``'s rollout and record the rollout. Every prompt explored: their
+    exploration rewards are written as its rewards. Some: the rollout of the others (a
+    :class:`RollOut` of the other rows, before) is joined in, in prompt order, and the whole is
+    scored. Answer whether every selected seed of ``rows`` had a kept sample (False: nothing
+    written; roll the iteration out)."""
 
     iteration: int
     prompts: list[Prompt]
     selection: Selection
     stage: str
+    rows: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class RollOut:
     """Roll out ``prompts`` x ``seeds`` with weights ``iteration`` and record the rollout.
-    Answers None."""
+    ``rows``: only those prompts (the ones exploration did not cover), stored for a
+    :class:`RollOutExplored` to join and not recorded. Answers None."""
 
     iteration: int
     prompts: list[Prompt]
     seeds: np.ndarray
+    rows: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

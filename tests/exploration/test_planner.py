@@ -92,17 +92,19 @@ def test_cold_start_no_slots_and_shrinking():
 
 
 def test_where_samples_replace_the_rollout_every_prompt_is_explored_if_that_is_sooner():
-    """16 prompts x 16 x 10 steps x 0.01 s = 25.6 s against a 4.5 s budget: 21.1 s over. An
-    unexplored prompt brings the whole rollout back, so a rollout longer than the overrun
-    makes the planner explore every prompt at its cheapest setting; a shorter one (or none to
-    replace) leaves it shrinking to what fits, as before."""
+    """16 prompts x 16 x 10 steps x 0.01 s = 25.6 s against a 4.5 s budget: 21.1 s over.
+    Within the budget 2 prompts fit, and the 14 left unexplored are sampled: 14/16 of the
+    rollout. A rollout whose 14/16 is longer than the overrun (24.2 s: 21.18 s) makes the
+    planner explore every prompt at its cheapest setting; a shorter one (21.2 s, which the
+    whole rollout would have beaten before partial reuse; or none to replace) leaves it
+    shrinking to what fits."""
     planner = ExplorationPlanner(PlannerConfig(candidates=[16, 32], steps=[0]))
     covering = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS,
-                            replaced_rollout_s=21.2)
+                            replaced_rollout_s=24.2)
     assert (covering.candidates, covering.steps, covering.prompts) == (16, 10, PROMPTS)
     assert covering.predicted_s == pytest.approx(25.6) and covering.arm == 0
-    assert "every prompt" in covering.reason
-    for rollout_s in (21.0, None):
+    assert "every prompt" in covering.reason and "14 prompts" in covering.reason
+    for rollout_s in (24.0, 21.2, None):
         shrunk = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.01, ROLLOUT_STEPS,
                               replaced_rollout_s=rollout_s)
         assert (shrunk.candidates, shrunk.prompts) == (16, 2)

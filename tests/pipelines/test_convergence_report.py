@@ -227,12 +227,15 @@ def test_a_planned_mode_on_explored_samples_pays_its_rollouts_and_overruns():
     its = [{"iteration": 0, "plan": [16, 10, 32], "trained_on_explored": False},
            {"iteration": 1, "plan": [16, 6, 32], "trained_on_explored": True},
            {"iteration": 2, "plan": [16, 6, 20], "trained_on_explored": True},
-           {"iteration": 3, "plan": [16, 6, 32], "trained_on_explored": False}]
+           {"iteration": 3, "plan": [16, 6, 32], "trained_on_explored": False},
+           {"iteration": 4, "plan": [16, 6, 32], "trained_on_explored": True, "sampled": 0.5}]
     job = {"iterations": its, "time_model": [9.0, 0.003, 5.0]}
     # 0: the first rollout every mode samples; 1: 9.216 s of exploration > 8; 2: fits;
-    # 3: a sampled rollout, 8 + 5.
+    # 3: a sampled rollout, 8 + 5; 4: half its prompts explored, half sampled, 8 + 2.5.
     assert planned_iteration_s("reuse-spotlight", job, 8.0, 4, 1) == \
         pytest.approx((15.36 + 9.216 + 8.0 + 13.0) / 4)
+    assert planned_iteration_s("reuse-spotlight", job, 8.0, 5, 1) == \
+        pytest.approx((15.36 + 9.216 + 8.0 + 13.0 + 10.5) / 5)
     assert planned_iteration_s("reuse-spotlight", job, 8.0, 2, 1) == \
         pytest.approx((15.36 + 9.216) / 2)   # to the target only
     # Twice the spot slots halve exploration; a mode that always samples pays no extra rollout.

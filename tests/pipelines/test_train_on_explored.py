@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipelines.run import tasks
+from pipelines.run.explored import explored_finals
 from pipelines.run.inprocess import InProcessRun
 from pipelines.run.recording import read_selection
 from pipelines.run.rollout import rollout_task
@@ -80,6 +81,66 @@ def test_awm_trains_on_the_explored_samples_too(tiny_run_config):
     assert any(not torch.equal(t, trained[1][n]) for n, t in trained[0].items())
 
 
+def explore_half_the_prompts(monkeypatch, iterations: set[int]) -> None:
+    """The plans that explore ``iterations`` take the first half of the prompts alone, as the
+    planner's do when no setting fits every prompt in the window."""
+    from spotlight.exploration.planner import Plan
+    from spotlight.iteration.program import IterationProgram
+    from spotlight.iteration.requests import RecordPlan
+
+    planned = IterationProgram.plan
+
+    def halved(self, iteration):
+        recorded = self.stages.get(iteration, "plan")
+        if iteration not in iterations or recorded is not None:
+            return (yield from planned(self, iteration))
+        cfg = self.config
+        plan = Plan(iteration, cfg.exploration.candidates, cfg.sampler.num_steps,
+                    cfg.grpo.prompts_per_iteration // 2, None, None, None, "half the prompts")
+        yield RecordPlan(plan, self.time.now(), announce=False)
+        return plan
+
+    monkeypatch.setattr(IterationProgram, "plan", halved)
+
+
+def test_a_plan_of_half_the_prompts_samples_only_the_others_and_trains_on_both(
+        explored_config, monkeypatch):
+    """Partial reuse: iteration 1's plan explored half its prompts. Only the other half is
+    rolled out; the rollout the iteration trains on holds, prompt by prompt, the explored
+    samples of the first half and the sampled ones of the second, and the whole is scored."""
+    explore_half_the_prompts(monkeypatch, {1})
+    harness = InProcessRun(explored_config, "spotlight")
+    try:
+        run = harness.run_iterations(2)
+        store, k = harness.store, 1
+        stage = stage_name(k, "rollout")
+        selection = read_selection(store, harness.log, k)
+        _, joined = read_rollout(store, stage)
+        explored = explored_finals(store, stage_name(k, "explore"))
+        parts = store.array_names(stage, "request-r")   # the part's requests, named apart
+        sampled = np.concatenate([store.get_arrays(stage, n)["latents"][:, -1]
+                                  for n in sorted(parts)])
+        rewards = store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
+        record = harness.log.get(k, "rollout").task
+    finally:
+        harness.close()
+    prompts, group = selection.seeds.shape
+    half = prompts // 2
+    assert run.iterations[1].source == "explore" and run.iterations[1].trained_on_explored
+    assert np.isfinite(selection.selected_rewards[:half]).all()
+    assert np.isnan(selection.selected_rewards[half:]).all()   # left to random seeds
+    assert record["explored"] == "explore" and record["rolled_out"] == (prompts - half) * group
+    assert run.iterations[1].sampled == 0.5
+    assert joined.shape[:2] == (prompts * group, 1) and len(sampled) == (prompts - half) * group
+    for p in range(half):   # the explored samples of the selected seeds, as exploration drew them
+        for g, seed in enumerate(selection.seeds[p]):
+            np.testing.assert_array_equal(joined[p * group + g, 0], explored[(p, int(seed))])
+    np.testing.assert_array_equal(joined[half * group:, 0], sampled)   # then the sampled half
+    # Scored as a whole: the explored half scores what exploration scored.
+    np.testing.assert_allclose(rewards[:half], selection.selected_rewards[:half], rtol=1e-5)
+    assert np.isfinite(rewards).all() and rewards[half:].std(axis=1).max() > 0
+
+
 class Crash(Exception):
     """Stands for the driver dying right after a stage was recorded."""
 
@@ -88,7 +149,9 @@ class Crash(Exception):
 def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_crash(
         explored_config, tmp_path, monkeypatch):
     """The driver dies right after recording iteration 1's explored rollout (its rewards not
-    yet recorded); the resumed run reads both back and ends where the harness does."""
+    yet recorded); the resumed run reads both back and ends where the harness does.
+    Iteration 2's plan explored half its prompts: the cluster samples the other half and joins
+    them as the harness does."""
     from pipelines.front.session import Session
     from pipelines.run.stage_log import StageLog
 
@@ -99,6 +162,7 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
         if (iteration, name) == (1, "rollout"):
             raise Crash()
 
+    explore_half_the_prompts(monkeypatch, {2})
     monkeypatch.setattr(StageLog, "record", crashing_record)
     with Session.from_config(explored_config, store=url) as session:
         with pytest.raises(Crash):
@@ -117,7 +181,7 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
                              for k in range(3)]}
     harness = InProcessRun(explored_config, "spotlight", base_val_reward=0.0)
     try:
-        harness.run_iterations(3)
+        assert [it.sampled for it in harness.run_iterations(3).iterations] == [1.0, 0.0, 0.5]
         rewards = [harness.store.get_arrays(stage_name(k, "reward"), "reward")["rewards"]
                    for k in range(3)]
         weights = harness.store.load_checkpoint(3).weights
@@ -125,11 +189,14 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
         harness.close()
     assert cluster["explored"] == [False, True, True]
     # Exploration scored the samples: nothing rolls them out or scores them again, the resumed
-    # iteration 1 included.
+    # iteration 1 included. Iteration 2 sampled only the unexplored half, and scored the whole.
     stages = [[t["stage"] for t in tasks] for tasks in cluster["tasks"]]
-    assert [s.count("reward") for s in stages] == [1, 0, 0]
-    assert [t.get("explored") for t in cluster["tasks"][2] if t["stage"] == "rollout"] == \
-        ["explore"]
+    assert [s.count("reward") for s in stages] == [1, 0, 1]
+    rolled = [t for t in cluster["tasks"][2] if t["stage"] == "rollout"]
+    group = explored_config.grpo.group_size
+    half = explored_config.grpo.prompts_per_iteration // 2
+    assert [t.get("explored") for t in rolled][-2:] == [None, "explore"]   # the part, joined
+    assert rolled[-1]["rolled_out"] == half * group
     # τ of the selected seeds compares exploration's rewards with the rollout's: trained on
     # exploration's own, there is nothing to compare.
     assert cluster["taus"][1] is None and cluster["taus"][2] is None
