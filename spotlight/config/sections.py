@@ -148,8 +148,13 @@ class ValidationConfig(Validated):
 class ExplorationConfig(Validated):
     """Seed exploration: candidate seeds per prompt, scored by replaying the rollout sampler."""
 
-    candidates: int = spec(16, "Candidate seeds explored per prompt (N); the G most spread are "
-                           "kept.", range=(2, 4096))
+    candidates: int = spec(16, "Candidate seeds explored per prompt (N); G of them are kept "
+                           "(exploration.selection).", range=(2, 4096))
+    selection: str = spec("max-variance", "Which G of a prompt's N explored seeds an iteration "
+                          "keeps: 'max-variance' = the most spread (the lowest and highest "
+                          "rewards); 'top' = the G best; 'quantiles' = G at evenly spaced "
+                          "ranks, worst and best included (graded advantages).",
+                          choices=("max-variance", "top", "quantiles"))
     steps: int = spec(0, "Model evaluations of an exploration replay (M); 0 = the rollout's "
                          "steps. Fewer keep the rollout's SDE window and compress the "
                          "deterministic tail after it.", range=(0, 1000))

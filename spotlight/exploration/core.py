@@ -76,11 +76,13 @@ def random_selection(run_seed: int, iteration: int, prompts: int, group: int) ->
                      np.full(seeds.shape, np.nan))
 
 
-def select(run_seed: int, iteration: int, per_prompt: PerPrompt, group: int) -> Selection:
-    """The ``group`` seeds per prompt chosen among the scored candidates; a prompt with fewer
-    than ``group`` scored fills up with fresh random seeds."""
+def select(run_seed: int, iteration: int, per_prompt: PerPrompt, group: int,
+           rule: str = "max-variance") -> Selection:
+    """The ``group`` seeds per prompt chosen by ``rule`` among the scored candidates; a prompt
+    with fewer than ``group`` scored fills up with fresh random seeds."""
     fresh = random_seeds(run_seed, iteration, len(per_prompt), group)
-    return select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt], group, fresh)
+    return select_seeds([(np.asarray(s), np.asarray(r)) for s, r in per_prompt], group, fresh,
+                        rule)
 
 
 def first_drawn(per_prompt: PerPrompt, group: int) -> PerPrompt:
@@ -90,11 +92,11 @@ def first_drawn(per_prompt: PerPrompt, group: int) -> PerPrompt:
 
 
 def selection_of(source: str, run_seed: int, iteration: int, prompts: int, group: int,
-                 candidates: PerPrompt | None) -> Selection:
+                 candidates: PerPrompt | None, rule: str = "max-variance") -> Selection:
     """The seeds of ``iteration`` from ``source`` (``explore`` or ``sync``: chosen among
-    ``candidates``; ``fallback-random``: among their first G; else random)."""
+    ``candidates`` by ``rule``; ``fallback-random``: their first G; else random)."""
     if source in ("explore", "sync"):
-        return select(run_seed, iteration, candidates, group)
+        return select(run_seed, iteration, candidates, group, rule)
     if source == "fallback-random":
         return select(run_seed, iteration, first_drawn(candidates, group), group)
     return random_selection(run_seed, iteration, prompts, group)

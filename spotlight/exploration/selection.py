@@ -1,4 +1,7 @@
-"""Max-variance seed selection: pure functions over explored (seed, reward) candidates.
+"""Seed selection: pure functions over explored (seed, reward) candidates.
+
+By default the G most spread of N (max variance); ``exploration.selection`` also offers the G
+best, and G at evenly spaced ranks.
 
 Choosing G of N values to maximise their variance has an exact, cheap answer: an optimal
 subset is always the j lowest plus the G - j highest values for some j (moving any chosen
@@ -33,6 +36,27 @@ def max_variance_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np
         if var > best_var + 1e-12:
             best, best_var = chosen, var
     return np.sort(best)
+
+
+def top_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np.ndarray:
+    """Indices of the ``size`` best-rewarded candidates (ties: the larger seed wins): the group
+    contrasts good samples with each other, and every one is worth imitating."""
+    order = np.lexsort((np.asarray(seeds), np.asarray(rewards, dtype=np.float64)))
+    return np.sort(order[len(order) - size:])
+
+
+def quantile_subset(rewards: np.ndarray, seeds: np.ndarray, size: int) -> np.ndarray:
+    """Indices of ``size`` candidates at evenly spaced ranks, the worst and the best included:
+    the group spans the whole range with its middle, so its advantages are graded rather than
+    split into two lumps (what an advantage-weighted objective weighs by)."""
+    order = np.lexsort((np.asarray(seeds), np.asarray(rewards, dtype=np.float64)))
+    ranks = np.round(np.linspace(0, len(order) - 1, size)).astype(int)
+    return np.sort(order[ranks])
+
+
+# exploration.selection -> the rule; the names are the config's (spotlight.config.sections).
+SUBSET_RULES = {"max-variance": max_variance_subset, "top": top_subset,
+                "quantiles": quantile_subset}
 
 
 def random_group_std(rewards_per_prompt, group: int) -> float:
@@ -85,15 +109,17 @@ class Selection:
 
 
 def select_seeds(candidates: list[tuple[np.ndarray, np.ndarray]], group: int,
-                 fresh: np.ndarray) -> Selection:
-    """Per prompt: the ``group`` most spread of its finished (seeds, rewards), topped up from
-    ``fresh`` (P, >= group) random seeds when fewer than ``group`` finished."""
+                 fresh: np.ndarray, rule: str = "max-variance") -> Selection:
+    """Per prompt: ``group`` of its finished (seeds, rewards) by ``rule`` (:data:`SUBSET_RULES`;
+    the most spread by default), topped up from ``fresh`` (P, >= group) random seeds when fewer
+    than ``group`` finished."""
+    subset = SUBSET_RULES[rule]
     seeds_out, explored, filled, rewards_out = [], [], [], []
     for p, (seeds, rewards) in enumerate(candidates):
         seeds, rewards = np.asarray(seeds, dtype=np.int64), np.asarray(rewards, dtype=np.float64)
         explored.append(len(seeds))
         if len(seeds) >= group:
-            idx = max_variance_subset(rewards, seeds, group)
+            idx = subset(rewards, seeds, group)
             seeds_out.append(seeds[idx])
             rewards_out.append(rewards[idx])
             filled.append(0)

@@ -251,6 +251,7 @@ class IterationProgram:
             cfg.grpo.prompts_per_iteration,
             cfg.grpo.group_size,
             per_prompt,
+            cfg.exploration.selection,
         )
 
     def _explore_now(self, k: int) -> Program:

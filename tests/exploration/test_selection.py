@@ -44,3 +44,29 @@ def test_too_few_candidates_are_topped_up_with_fresh_seeds_and_counted():
 def test_fill_refuses_when_fresh_seeds_run_out():
     with pytest.raises(ValueError, match="need 3 seeds"):
         fill_seeds(np.array([1]), 3, np.array([1]))
+
+
+def test_the_selection_rules_keep_the_best_or_evenly_spaced_ranks():
+    """Nine candidates, rewards 0.0 .. 0.8 in scrambled order: 'top' keeps the three best,
+    'quantiles' the worst, the median and the best; 'max-variance' the extremes."""
+    rewards = np.array([0.4, 0.8, 0.0, 0.6, 0.2, 0.7, 0.1, 0.5, 0.3])
+    seeds = np.arange(100, 109)
+    chosen = {rule: sorted(select_seeds([(seeds, rewards)], 3, seeds[None], rule)
+                           .selected_rewards[0].tolist())
+              for rule in ("top", "quantiles", "max-variance")}
+    assert chosen["top"] == [0.6, 0.7, 0.8]
+    assert chosen["quantiles"] == [0.0, 0.4, 0.8]
+    assert chosen["max-variance"] in ([0.0, 0.1, 0.8], [0.0, 0.7, 0.8])
+    top = select_seeds([(seeds, rewards)], 3, seeds[None], "top")
+    assert sorted(top.seeds[0].tolist()) == [101, 103, 105]   # the seeds of those rewards
+
+
+def test_the_config_offers_exactly_the_rules_selection_knows():
+    from spotlight.config import ExplorationConfig
+    from spotlight.config.base import ConfigError
+    from spotlight.exploration.selection import SUBSET_RULES
+
+    for rule in SUBSET_RULES:
+        assert ExplorationConfig(selection=rule).selection == rule
+    with pytest.raises(ConfigError, match="selection"):
+        ExplorationConfig(selection="best")
