@@ -41,6 +41,7 @@ def test_set_and_modes_are_refused_for_other_benchmarks(capsys):
                                               ("geneval", 0.4, 0.4)])
 def test_the_default_target_is_the_base_plus_the_tasks_gain(monkeypatch, task, target, goal):
     import pipelines.bench.convergence as convergence
+    import pipelines.bench.shipped as shipped
 
     class Planned(Exception):
         pass
@@ -49,6 +50,7 @@ def test_the_default_target_is_the_base_plus_the_tasks_gain(monkeypatch, task, t
         raise Planned(plan.target)
 
     monkeypatch.setattr(convergence, "base_validation", lambda config: (0.3, 0.004))
+    monkeypatch.setattr(shipped, "_build", lambda config: None)   # no base pretrained for this
     monkeypatch.setattr(convergence.PairedStore, "open", staticmethod(stop))
     with pytest.raises(Planned) as planned:
         bench_convergence(task=task, target=target)
