@@ -172,8 +172,9 @@ def test_the_job_store_resumes_only_its_own_bench(tmp_path):
 
 
 def test_a_part_from_another_base_is_refused_with_both_bases_named(tmp_path):
-    """The same command on another CPU pretrains a base that validates otherwise: the refusal
-    names both values and how to go on, and leaves the saved part as it was."""
+    """A bench whose shipped models folder was lost pretrains a base that validates otherwise
+    (another CPU's): the refusal names both values and how to go on, and leaves the saved part
+    as it was."""
     plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.251)
     saved = {"base_val_reward": 0.251}
     store = PairedStore.open(tmp_path, plan, resume=False)
@@ -181,7 +182,7 @@ def test_a_part_from_another_base_is_refused_with_both_bases_named(tmp_path):
     store.save("vanilla-seed0", saved)
     before = (tmp_path / "vanilla-seed0.json").read_bytes()
     elsewhere = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.261)
-    with pytest.raises(ValueError, match=r"at 0\.2510.*at 0\.2610.*SPOTLIGHT_CACHE"):
+    with pytest.raises(ValueError, match=r"at 0\.2510.*at 0\.2610.*models/ folder"):
         PairedStore.open(tmp_path, elsewhere, resume=True)
     assert (tmp_path / "vanilla-seed0.json").read_bytes() == before
     assert PairedStore.open(tmp_path, plan, resume=True).loaded["vanilla-seed0"] == saved
