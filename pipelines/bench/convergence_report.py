@@ -222,9 +222,10 @@ def cluster_check(cluster: dict[str, dict | None], saved: dict[str, dict], seed:
     the run reached it, else of the iterations it ran (it stops at the budget)."""
     out = {}
     for mode, run in cluster.items():
-        if run is None:
+        job = saved.get(f"{mode}-seed{seed}")
+        if run is None or job is None:   # a report while that seed's harness job still runs
             continue
-        harness = [tuple(p) for p in saved[f"{mode}-seed{seed}"]["val_curve"]]
+        harness = [tuple(p) for p in job["val_curve"]]
         # The cluster sees the target only at a validation, so its wall time is to that
         # iteration: the estimate that time checks is the same iterations x seconds each.
         reached = run["iterations_to_target"]

@@ -10,7 +10,12 @@ import pytest
 from pipelines.bench.bench_modes import planned_ratio
 from pipelines.bench.convergence import measured_time_model
 from pipelines.bench.convergence_plot import shown_ratios
-from pipelines.bench.convergence_report import hourly_usd, same_validations, summarize
+from pipelines.bench.convergence_report import (
+    cluster_check,
+    hourly_usd,
+    same_validations,
+    summarize,
+)
 from pipelines.bench.convergence_time import planned_iteration_s, seconds_per_iteration
 from pipelines.bench.paired import (
     BenchWorkerLost,
@@ -251,6 +256,18 @@ def test_the_cluster_check_compares_the_validations_both_ran():
     assert same_validations(harness, [[0, 0.24], [5, 0.242], [7, 0.225]])
     assert not same_validations(harness, [[0, 0.24], [5, 0.243], [7, 0.225]])
     assert not same_validations(harness, [[0, 0.24], [7, 0.225]])   # nothing to compare
+
+
+def test_the_cluster_check_waits_for_its_seeds_harness_job():
+    """Seed 1's harness job can finish before seed 0's: a report then has seed 0's cluster run
+    and nothing to hold it against yet (it once ended a bench with a KeyError)."""
+    run = {"iterations_to_target": 5, "iteration_s": [2.0] * 5, "time_to_target_s": 10.0,
+           "wall_s": 10.0, "val_curve": [[0, 0.2], [5, 0.25]]}
+    saved = {"nft-vanilla-seed1": {"val_curve": [[0, 0.2], [5, 0.23]]}}
+    assert cluster_check({"nft-vanilla": run}, saved, 0, 0.24, {"nft-vanilla": 2.0}) == {}
+    saved["nft-vanilla-seed0"] = {"val_curve": [[0, 0.2], [5, 0.25]]}
+    checked = cluster_check({"nft-vanilla": run}, saved, 0, 0.24, {"nft-vanilla": 2.0})
+    assert checked["nft-vanilla"]["curve_matches_harness"] is True
 
 
 def test_planned_modes_plan_on_the_stale_runs_measured_time(tmp_path):
