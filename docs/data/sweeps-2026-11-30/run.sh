@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Settings screens for issue 61 (OCR, 2 paired seeds, 20 iterations each): one
+# `spotlight bench convergence` per setting, resumable (rerun this script after an interruption).
+# Usage: bash docs/data/sweeps-2026-11-30/run.sh [NAME ...]   (default: every screen, in order)
+set -u
+cd "$(dirname "$0")/../../.."
+OUT=docs/data/sweeps-2026-11-30
+declare -A MODE SETS
+MODE[nft-default]=nft-vanilla;     SETS[nft-default]=""
+MODE[nft-4-steps]=nft-vanilla;     SETS[nft-4-steps]="grpo.micro_batch=64"
+MODE[nft-lr-3x]=nft-vanilla;       SETS[nft-lr-3x]="grpo.lr=6e-4"
+MODE[nft-beta-0.3]=nft-vanilla;    SETS[nft-beta-0.3]="objective.nft_beta=0.3"
+MODE[nft-no-kl]=nft-vanilla;       SETS[nft-no-kl]="grpo.beta_kl=0"
+MODE[reuse-max-variance]=reuse-stale; SETS[reuse-max-variance]=""
+MODE[reuse-top]=reuse-stale;       SETS[reuse-top]="exploration.selection=top"
+MODE[reuse-quantiles]=reuse-stale; SETS[reuse-quantiles]="exploration.selection=quantiles"
+MODE[awm-default]=awm-vanilla;     SETS[awm-default]=""
+MODE[awm-4-steps]=awm-vanilla;     SETS[awm-4-steps]="grpo.micro_batch=64"
+MODE[awm-lr-3x]=awm-vanilla;       SETS[awm-lr-3x]="grpo.lr=6e-4"
+ORDER=(nft-default nft-4-steps nft-lr-3x nft-beta-0.3 nft-no-kl reuse-max-variance reuse-top
+       reuse-quantiles awm-default awm-4-steps awm-lr-3x)
+for name in "${@:-${ORDER[@]}}"; do
+  json="$OUT/$name.json"
+  if [ -f "$json" ] && python3 -c "import json,sys; d=json.load(open('$json')); sys.exit(0 if d.get('seeds')==2 else 1)"; then
+    echo "$name: done"; continue
+  fi
+  args=(--task ocr --seeds 2 --iterations 20 --modes "${MODE[$name]}" --product "${MODE[$name]}" --json "$json")
+  [ -d "$OUT/$name.parts" ] && args+=(--resume)
+  for s in ${SETS[$name]}; do args+=(--set "$s"); done
+  echo "$name: spotlight bench convergence ${args[*]}"
+  .venv/bin/spotlight bench convergence "${args[@]}" > "$OUT/$name.log" 2>&1 || echo "$name: exit $?"
+done
