@@ -78,11 +78,13 @@ def read_shipped(folder: Path) -> ShippedModels | None:
 
 
 @contextlib.contextmanager
-def models_from(folder: Path) -> Iterator[None]:
-    """Runs inside load their trained models from ``folder`` (this process and the workers it
-    starts, which inherit the environment); the setting before is restored after."""
-    before = os.environ.get(MODELS_ENV)
-    os.environ[MODELS_ENV] = str(folder)
+def models_from(folder: Path | None) -> Iterator[None]:
+    """Runs inside load their trained models from ``folder`` (None: this machine's cache), this
+    process and the workers it starts, which inherit the environment; the setting before is
+    restored after."""
+    before = os.environ.pop(MODELS_ENV, None)
+    if folder is not None:
+        os.environ[MODELS_ENV] = str(folder)
     try:
         yield
     finally:
@@ -105,7 +107,7 @@ def ship_models(folder: Path, config: RunConfig,
         return shipped
     folder.mkdir(parents=True, exist_ok=True)
     names = model_names(config)
-    with _cache_only():
+    with models_from(None):
         _build(config)
     for name in names:
         source = cache_dir() / name
@@ -120,16 +122,6 @@ def ship_models(folder: Path, config: RunConfig,
     write_atomically(folder / RECORD,   # the commit: written last, whole
                      lambda f: Path(f).write_text(json.dumps(asdict(shipped), indent=1)))
     return shipped
-
-
-@contextlib.contextmanager
-def _cache_only() -> Iterator[None]:
-    before = os.environ.pop(MODELS_ENV, None)
-    try:
-        yield
-    finally:
-        if before is not None:
-            os.environ[MODELS_ENV] = before
 
 
 def _build(config: RunConfig) -> None:

@@ -304,7 +304,7 @@ class Driver:
         chunks = rollout_requests(self.config, request)
         done = self._rollout_backend().run(self, chunks)
         self._work.records += finish_rollout(self.store, self.log, chunks, request.seeds, done)
-        self._work.rollout_f = done.held if r.rows is None else None   # a part: never held
+        self._work.rollout_f = None if request.part else done.held   # a part: never held
 
     def _rollout_held(self, k: int):
         """The future of iteration k's rollout: held in its worker's memory, else read back
