@@ -140,7 +140,7 @@ class WorkerContext:
                     "parallel.shard_training: its optimizer state is in shards. Continue the "
                     "run with parallel.shard_training: true")
             self.policy.load_state_dict(checkpoint.weights)
-            self.trainer.load_optimizer_state(checkpoint.optimizer_state)
+            self.trainer.load_training_state(checkpoint.optimizer_state)
             self.version = self.trainer_version = version
         return self.trainer
 
@@ -283,7 +283,7 @@ def train_task(config: RunConfig, store: RunStore, rollout: RolloutOutput,
         # On the host: the result travels to the checkpoint writer and the driver, which need
         # no GPU (and would hold a CUDA context in every process that unpickled it).
         weights = on_host(trainer.policy.state_dict())
-        optimizer_state = on_host(trainer.optimizer.state_dict())
+        optimizer_state = on_host(trainer.training_state())
     info = {} if peers is None else {"data_parallel": peers.world}
     return {"weights": weights, "optimizer_state": optimizer_state, "stats": stats,
             "record": task_record("train", rollout.iteration, start, version, **info)}

@@ -61,3 +61,20 @@ def nft_loss(velocity: torch.Tensor, old_velocity: torch.Tensor, target: torch.T
     pos_err = ((positive - target) ** 2).mean(dim=dims)
     neg_err = ((negative - target) ** 2).mean(dim=dims)
     return optimal * pos_err + (1.0 - optimal) * neg_err
+
+
+def sampling_decay(decay: float, ramp: int, iteration: int) -> float:
+    """The soft update's decay e after ``iteration``'s step: ``decay``, reached linearly over the
+    first ``ramp`` iterations (so the first updates stay close to on-policy)."""
+    if ramp <= 0:
+        return decay
+    return decay * min(1.0, (iteration + 1) / ramp)
+
+
+def soft_update_(sampling: list[torch.Tensor], trained: list[torch.Tensor],
+                 decay: float) -> None:
+    """phi <- e phi + (1 - e) theta, in place on ``sampling``: the sampling policy follows the
+    trained weights as a moving average (e = 0: it is the trained weights)."""
+    with torch.no_grad():
+        for phi, theta in zip(sampling, trained):
+            phi.lerp_(theta.to(phi.dtype), 1.0 - decay)

@@ -12,10 +12,22 @@ import torch
 
 from spotlight.models.device import module_device, to_device
 from spotlight.rl.awm import awm_sigmas, matching_log_likelihood
-from spotlight.rl.grpo import ppo_clipped_loss
-from spotlight.rl.nft import nft_loss, noised, optimality, training_noise, training_sigmas
+from spotlight.rl.grpo import Advantages, ppo_clipped_loss
+from spotlight.rl.nft import (
+    nft_loss,
+    noised,
+    optimality,
+    sampling_decay,
+    soft_update_,
+    training_noise,
+    training_sigmas,
+)
 from spotlight.rl.sampler import Trajectory
 from spotlight.rl.trainer import ZERO_STATS, FlowGRPO, Rollout
+
+# The training state's key for the trained weights theta, where they differ from the sampling
+# weights the checkpoint holds (objective.sampling_ema).
+TRAINED_WEIGHTS = "trained_weights"
 
 
 class ForwardProcessTrainer(FlowGRPO):
@@ -27,7 +39,44 @@ class ForwardProcessTrainer(FlowGRPO):
     velocity its own forward pass computes; only the rows first trained after a step need a
     forward pass of their own beforehand (none with one micro-batch per iteration: the
     shipped configs). ``approx_kl`` reports the mean squared drift of the velocity from v_old,
-    and ``clip_fraction`` is 0: nothing is clipped."""
+    and ``clip_fraction`` is 0: nothing is clipped.
+
+    With ``objective.sampling_ema`` the weights the run samples with (phi, the policy's
+    parameters between steps, and the checkpoint's weights) are a moving average of the weights
+    the optimizer steps (theta, held aside here and in the checkpoint's training state): a step
+    swaps theta in, computes every row's v_old under phi first, and leaves phi behind."""
+
+    trained: list[torch.Tensor] | None = None   # theta when it differs from phi (None: equal)
+    sampling: list[torch.Tensor] | None = None  # phi, during a step that trains theta
+
+    def training_state(self) -> dict:
+        state = super().training_state()
+        if self.trained is None:
+            return state
+        return {**state, TRAINED_WEIGHTS: list(self.trained)}
+
+    def load_training_state(self, state: dict | None) -> None:
+        state = dict(state or {})
+        trained = state.pop(TRAINED_WEIGHTS, None)
+        self.trained = None if trained is None else [
+            t.to(p.device, p.dtype) for t, p in zip(trained, self.parameters)]
+        self.sampling = None
+        super().load_training_state(state or None)
+
+    def train(self, rollout: Rollout, advantages: Advantages, iteration: int) -> dict[str, float]:
+        objective = self.config.objective
+        if objective.sampling_ema == 0:
+            return super().train(rollout, advantages, iteration)
+        self.sampling = [p.detach().clone() for p in self.parameters]   # phi_v
+        if self.trained is not None:
+            _load_into(self.parameters, self.trained)
+        stats = super().train(rollout, advantages, iteration)
+        decay = sampling_decay(objective.sampling_ema, objective.sampling_ema_ramp, iteration)
+        soft_update_(self.sampling, self.parameters, decay)
+        self.trained = [p.detach().clone() for p in self.parameters]    # theta_v+1
+        _load_into(self.parameters, self.sampling)                        # phi_v+1
+        self.sampling = None
+        return stats
 
     def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
         """Here: indices into the iteration's noise levels (every one is trained)."""
@@ -59,7 +108,14 @@ class ForwardProcessTrainer(FlowGRPO):
         self.stepped = False
         first = set(self.my_rows(batches[0]).tolist()) if batches else set()
         later = {int(row) for batch in batches[1:] for row in self.my_rows(batch)} - first
-        self._old_velocities(rollout, np.array(sorted(later), dtype=np.int64))
+        if self.sampling is None:
+            self._old_velocities(rollout, np.array(sorted(later), dtype=np.int64))
+            return
+        # The weights stepped are not the sampling policy's: every row's v_old under phi.
+        trained = [p.detach().clone() for p in self.parameters]
+        _load_into(self.parameters, self.sampling)
+        self._old_velocities(rollout, np.array(sorted(first | later), dtype=np.int64))
+        _load_into(self.parameters, trained)
 
     def _old_velocities(self, rollout: Rollout, rows: np.ndarray) -> None:
         """v_old of ``rows`` at every noise level, with the weights held now."""
@@ -120,6 +176,13 @@ class ForwardProcessTrainer(FlowGRPO):
             out["clip_fraction"] += clipped * share / len(steps)
         self.old_known[idx] = True
         return out
+
+
+def _load_into(parameters: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Copy ``values`` into the parameters in place (the optimizer keeps its references)."""
+    with torch.no_grad():
+        for p, v in zip(parameters, values):
+            p.copy_(v)
 
 
 class AdvantageWeightedTrainer(ForwardProcessTrainer):

@@ -140,6 +140,15 @@ class FlowGRPO:
         if state is not None:
             self.optimizer.load_state_dict(state)
 
+    def training_state(self) -> dict:
+        """What a checkpoint keeps beside the weights everyone samples with, so this trainer
+        resumes exactly: here the optimizer's state."""
+        return self.optimizer.state_dict()
+
+    def load_training_state(self, state: dict | None) -> None:
+        """Restore what :meth:`training_state` saved (``None``: weights version 0)."""
+        self.load_optimizer_state(state)
+
     # --- training ---------------------------------------------------------------------------
     def trained_steps(self, rollout: Rollout, iteration: int) -> list[int]:
         steps = rollout.trajectory.trainable_steps

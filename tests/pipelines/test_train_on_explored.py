@@ -151,11 +151,13 @@ def test_the_cluster_trains_on_explored_samples_as_the_harness_does_across_a_cra
     """The driver dies right after recording iteration 1's explored rollout (its rewards not
     yet recorded); the resumed run reads both back and ends where the harness does.
     Iteration 2's plan explored half its prompts: the cluster samples the other half and joins
-    them as the harness does."""
+    them as the harness does. The run samples with a moving average of the trained weights
+    (objective.sampling_ema), so the resumed trainer must take both back from the checkpoint."""
     from pipelines.front.session import Session
     from pipelines.run.stage_log import StageLog
 
     url, record = str(tmp_path / "run"), StageLog.record
+    explored_config = explored_config.with_values({"objective.sampling_ema": 0.5})
 
     def crashing_record(self, iteration, name, result):
         record(self, iteration, name, result)

@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from spotlight.models.prompts import Prompt
 from spotlight.rl.grpo import group_advantages
+from spotlight.rl.nft import noised
 from spotlight.rl.sampler import Trajectory, sample
 from spotlight.rl.trainer import (
     FlowGRPO,
@@ -91,3 +93,15 @@ def reward_before_and_after(
     ]
     after = float(sample_group(trainer, prompts[:2], probe_seeds).rewards.mean())
     return before, after, stats
+
+
+def assert_old_velocities_are(sampling, trainer, rollout: Rollout) -> None:
+    """Every row's v_old in a forward-process trainer's last step is ``sampling``'s velocity:
+    the weights the rollout was sampled with."""
+    final = rollout.trajectory.final.float()
+    with torch.no_grad():
+        text = sampling.encode([p.text for p in rollout.prompts])
+        for j, sigma in enumerate(trainer.sigmas):
+            x, _ = noised(final, trainer.noise[:, j], sigma)
+            expected = sampling.velocity(x, torch.tensor([sigma]), text).float()
+            torch.testing.assert_close(trainer.old_velocity[:, j], expected, rtol=1e-5, atol=1e-6)

@@ -7,10 +7,9 @@ from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import check_rewards
 from spotlight.rl.grpo import group_advantages
-from spotlight.rl.nft import noised
 from spotlight.rl.objectives import ForwardProcessTrainer, build_trainer
 from spotlight.rl.trainer import FlowGRPO, random_seeds
-from tests.rl.loop import reward_before_and_after, sample_group, update
+from tests.rl.loop import assert_old_velocities_are, reward_before_and_after, sample_group, update
 from tests.rl.test_trainer import brightness
 
 
@@ -92,11 +91,4 @@ def test_v_old_is_the_sampling_policys_velocity_and_only_later_rows_need_a_pass_
     trainer.train(rollout, advantages, 0)
     assert sum(rows_without_grad) == 4 * len(trainer.sigmas)   # 4 rows at each noise level
     assert bool(trainer.old_known.all())
-    final = rollout.trajectory.final.float()
-    with torch.no_grad():
-        text = sampling.encode([p.text for p in rollout.prompts])
-        for j, sigma in enumerate(trainer.sigmas):
-            x, _ = noised(final, trainer.noise[:, j], sigma)
-            expected = sampling.velocity(x, torch.tensor([sigma]), text).float()
-            torch.testing.assert_close(trainer.old_velocity[:, j], expected, rtol=1e-5,
-                                       atol=1e-6)
+    assert_old_velocities_are(sampling, trainer, rollout)
