@@ -66,6 +66,19 @@ class PairedPlan:
                            list(self.lags), self.lag_prompts, self.lag_candidates,
                            self.target, self.budget, MODE_NAMES)
 
+    def settings(self) -> dict:
+        """The plan as plain data, by dotted name (files by their contents): what each saved part
+        keeps beside the fingerprint, so a bench resumed by a Spotlight that has added a setting
+        since can tell its parts are still this plan's (:func:`changed_settings`)."""
+        config = by_contents(self.config.with_values({"seed": 0}).to_dict())
+        return _as_json({**flat(config), "bench.iterations": self.iterations,
+                         "bench.every": self.every, "bench.base_val_reward": self.base_val_reward,
+                         "bench.lag_points": list(self.lag_points), "bench.lags": list(self.lags),
+                         "bench.lag_prompts": self.lag_prompts,
+                         "bench.lag_candidates": self.lag_candidates,
+                         "bench.target": self.target, "bench.budget": self.budget,
+                         "bench.mode_names": MODE_NAMES})
+
     def done(self, run) -> bool:
         """Whether a harness run has what the bench reads from it (see ``target``)."""
         return (self.target is not None and len(run.iterations) >= (self.budget or 0)
@@ -82,6 +95,33 @@ def by_contents(value):
     if isinstance(value, str) and value and os.path.isfile(value):
         return "sha256:" + file_sha256(Path(value))
     return value
+
+
+def flat(value: dict, prefix: str = "") -> dict:
+    """A nested config dict by dotted names: {'grpo': {'lr': 1}} -> {'grpo.lr': 1}."""
+    out = {}
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        out.update(flat(item, name + ".") if isinstance(item, dict) else {name: item})
+    return out
+
+
+def _as_json(value):
+    return json.loads(json.dumps(value, default=float))
+
+
+def default_settings() -> dict:
+    """Every setting's default, as :meth:`PairedPlan.settings` names them."""
+    return _as_json(flat(by_contents(RunConfig().to_dict())))
+
+
+def changed_settings(saved: dict, now: dict, defaults: dict) -> list[str]:
+    """The settings in which a part saved under ``saved`` differs from a plan of ``now``. A
+    setting the saved part does not name came after it: the part ran it at its default, so it
+    counts as changed only if ``now`` sets another value."""
+    missing = object()
+    return [name for name in sorted(set(saved) | set(now))
+            if saved.get(name, defaults.get(name, missing)) != now.get(name, missing)]
 
 
 @dataclass(frozen=True)
@@ -148,28 +188,34 @@ class PairedStore:
 
     folder: Path
     fingerprint: str
+    settings: dict = field(default_factory=dict)
     loaded: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def open(cls, folder: Path, plan: PairedPlan, resume: bool) -> "PairedStore":
         folder.mkdir(parents=True, exist_ok=True)
-        store = cls(folder, plan.fingerprint())
+        store = cls(folder, plan.fingerprint(), plan.settings())
         saved = sorted(folder.glob("*.json"))
         if saved and not resume:
             raise ValueError(f"{folder} holds {len(saved)} results of an earlier bench: pass "
                              "--resume to continue it, or move the folder away to start over")
         parts = {path: json.loads(path.read_text()) for path in saved}
+        defaults = default_settings()
         for path, data in parts.items():
             if data.get("fingerprint") != store.fingerprint:
-                raise ValueError(refusal(path, saved_base(parts.values()), plan))
+                # Parts saved before settings were kept name no setting: refused as before.
+                changed = (changed_settings(data["settings"], store.settings, defaults)
+                           if "settings" in data else None)
+                if changed != []:
+                    raise ValueError(refusal(path, saved_base(parts.values()), plan, changed))
             store.loaded[path.stem] = data["result"]
         return store
 
     def save(self, name: str, result: dict) -> None:
         path = self.folder / f"{name}.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "result": result},
-                                  default=float))
+        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "settings": self.settings,
+                                   "result": result}, default=float))
         os.replace(tmp, path)
         self.loaded[name] = result
 
@@ -180,7 +226,8 @@ def saved_base(parts) -> float | None:
                  if "base_val_reward" in (data.get("result") or {})), None)
 
 
-def refusal(path: Path, base: float | None, plan: PairedPlan) -> str:
+def refusal(path: Path, base: float | None, plan: PairedPlan,
+            changed: list[str] | None = None) -> str:
     """Why a saved part is not this bench's, and what to do. A base that validates otherwise is
     named apart: the same command on another machine pretrains another base (the float
     arithmetic of 8000 steps differs across CPUs), and its targets are not the saved ones."""
@@ -190,9 +237,11 @@ def refusal(path: Path, base: float | None, plan: PairedPlan) -> str:
                 "pretrained again (the parts' models/ folder was removed or not copied along). "
                 "Restore that folder to resume, or run the seeds left as a new bench "
                 "(--set seed=N, another --json) and pool them")
-    return (f"{path} was measured with other settings (config, iterations or validation) than "
-            "this bench's, or saved by a Spotlight whose mode names differ: resume with the "
-            "same command, or move the folder away to start over")
+    which = (f" ({', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''})"
+             if changed else "")
+    return (f"{path} was measured with other settings{which} (config, iterations or "
+            "validation) than this bench's, or saved by a Spotlight whose mode names differ: "
+            "resume with the same command, or move the folder away to start over")
 
 
 class BenchWorkerLost(TaskFailedError):

@@ -176,6 +176,30 @@ def test_the_job_store_resumes_only_its_own_bench(tmp_path):
     assert json.loads((tmp_path / "vanilla-seed0.json").read_text())["result"] == {"x": 1}
 
 
+def test_a_part_saved_before_a_setting_was_added_resumes_while_that_setting_is_at_default(
+        tmp_path):
+    """A bench spans sessions, and a later Spotlight may add a setting: a part saved without it
+    ran it at its default, so it stays this bench's -- unless the bench now sets it otherwise,
+    which the refusal names."""
+    plan = PairedPlan(CONFIG, iterations=10, every=5, base_val_reward=0.2)
+    PairedStore.open(tmp_path, plan, resume=False).save("nft-vanilla-seed0", {"x": 1})
+    path = tmp_path / "nft-vanilla-seed0.json"
+    older = json.loads(path.read_text())
+    del older["settings"]["objective.sampling_ema"]   # as saved before the setting existed
+    older["fingerprint"] = "hash-of-the-older-config"
+    path.write_text(json.dumps(older))
+    assert PairedStore.open(tmp_path, plan, resume=True).loaded == {"nft-vanilla-seed0": {"x": 1}}
+    soft = PairedPlan(CONFIG.with_values({"objective.kind": "nft",
+                                          "objective.sampling_ema": 0.5}), 10, 5, 0.2)
+    with pytest.raises(ValueError, match=r"other settings \(objective.kind, "
+                                         r"objective.sampling_ema\)"):
+        PairedStore.open(tmp_path, soft, resume=True)
+    older["settings"]["grpo.lr"] = 1.0   # a setting the part names, at another value
+    path.write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=r"other settings \(grpo.lr\)"):
+        PairedStore.open(tmp_path, plan, resume=True)
+
+
 def test_a_part_from_another_base_is_refused_with_both_bases_named(tmp_path):
     """A bench whose shipped models folder was lost pretrains a base that validates otherwise
     (another CPU's): the refusal names both values and how to go on, and leaves the saved part

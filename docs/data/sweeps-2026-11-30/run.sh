@@ -17,12 +17,21 @@ MODE[reuse-quantiles]=reuse-stale; SETS[reuse-quantiles]="exploration.selection=
 MODE[awm-default]=awm-vanilla;     SETS[awm-default]=""
 MODE[awm-4-steps]=awm-vanilla;     SETS[awm-4-steps]="grpo.micro_batch=64"
 MODE[awm-lr-3x]=awm-vanilla;       SETS[awm-lr-3x]="grpo.lr=6e-4"
+MODE[awm-reuse-quantiles]=awm-reuse-stale; SETS[awm-reuse-quantiles]="exploration.selection=quantiles"
+MODE[nft-ema-0.5]=nft-vanilla;     SETS[nft-ema-0.5]="objective.sampling_ema=0.5"
+MODE[nft-ema-ramp]=nft-vanilla;    SETS[nft-ema-ramp]="objective.sampling_ema=0.5 objective.sampling_ema_ramp=10"
+MODE[nft-ema-0.2]=nft-vanilla;     SETS[nft-ema-0.2]="objective.sampling_ema=0.2"
 ORDER=(nft-default nft-4-steps nft-lr-3x nft-beta-0.3 nft-no-kl reuse-max-variance reuse-top
-       reuse-quantiles awm-default awm-4-steps awm-lr-3x)
+       reuse-quantiles awm-default awm-4-steps awm-lr-3x nft-ema-0.5 nft-ema-ramp nft-ema-0.2
+       awm-reuse-quantiles)
 for name in "${@:-${ORDER[@]}}"; do
   json="$OUT/$name.json"
   if [ -f "$json" ] && python3 -c "import json,sys; d=json.load(open('$json')); sys.exit(0 if d.get('seeds')==2 else 1)"; then
     echo "$name: done"; continue
+  fi
+  # Every row starts from the first row's shipped base and recogniser (no pretraining).
+  if [ ! -d "$OUT/$name.parts/models" ] && [ -d "$OUT/nft-default.parts/models" ]; then
+    mkdir -p "$OUT/$name.parts" && cp -r "$OUT/nft-default.parts/models" "$OUT/$name.parts/"
   fi
   args=(--task ocr --seeds 2 --iterations 20 --modes "${MODE[$name]}" --product "${MODE[$name]}" --json "$json")
   [ -d "$OUT/$name.parts" ] && args+=(--resume)
