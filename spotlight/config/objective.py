@@ -47,10 +47,11 @@ class ObjectiveConfig(Validated):
                                       "pretraining's timestep shift (s -> k s / (1 + (k - 1) "
                                       "s)); 1 = the plain logit-normal.", range=(0.1, 20.0))
     sampling_ema: float = spec(
-        0.0, "nft and awm: the sampling policy as a moving average of the trained weights "
-             "(DiffusionNFT's soft update): after each step phi <- e phi + (1 - e) theta, and "
-             "rollouts, exploration, validation and the loss's v_old use phi while the optimizer "
-             "steps theta. 0 = sample with the trained weights themselves (on-policy).",
+        0.0, "nft and awm (flow-grpo ignores it): the sampling policy as a moving average of "
+             "the trained weights (DiffusionNFT's soft update): after each step phi <- e phi + "
+             "(1 - e) theta, and rollouts, exploration, validation and the loss's v_old use phi "
+             "while the optimizer steps theta. 0 = sample with the trained weights themselves "
+             "(on-policy).",
         range=(0.0, 0.999))
     sampling_ema_ramp: int = spec(
         0, "nft and awm: iterations over which sampling_ema's e rises linearly from 0 to its "
@@ -64,13 +65,6 @@ class ObjectiveConfig(Validated):
                "Prompts left unexplored are rolled out alone and joined (partial reuse).")
 
     def validate(self) -> None:
-        if self.sampling_ema > 0 and self.kind not in FORWARD_PROCESS:
-            raise ConfigError(
-                f"objective.sampling_ema = {self.sampling_ema} samples with a moving average of "
-                f"the trained weights, which only a forward-process objective may train on "
-                f"(objective.kind = {self.kind!r} needs the sampled steps' log-probabilities "
-                f"under the weights it steps); set objective.kind: nft or awm, or "
-                f"objective.sampling_ema: 0")
         if self.train_on_explored and self.kind not in FORWARD_PROCESS:
             raise ConfigError(
                 f"objective.train_on_explored needs samples it may train on without their "

@@ -4,7 +4,6 @@ exactly."""
 import pytest
 import torch
 
-from spotlight.config import ConfigError
 from spotlight.models.policy import DigitsPolicy
 from spotlight.models.prompts import load_prompts
 from spotlight.rewards import check_rewards
@@ -31,9 +30,16 @@ def test_the_decay_ramps_linearly_then_holds():
     assert [sampling_decay(0.5, 4, k) for k in range(6)] == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
 
 
-def test_a_reverse_process_objective_refuses_the_soft_update(tiny_config):
-    with pytest.raises(ConfigError, match="objective.sampling_ema"):
-        tiny_config.with_values({"objective.kind": "flow-grpo", "objective.sampling_ema": 0.5})
+def test_flow_grpo_samples_with_the_weights_it_steps(tiny_config):
+    """The soft update is a forward-process objective's setting (as nft_beta is): Flow-GRPO's
+    ratios need the sampled steps' log-probabilities under the weights it steps, so its trainer
+    leaves the setting unread and a bench's one --set serves every mode."""
+    from spotlight.rl.objectives import build_trainer
+
+    config = tiny_config.with_values({"objective.kind": "flow-grpo",
+                                      "objective.sampling_ema": 0.5})
+    trainer = build_trainer(config, DigitsPolicy(config.model, 12, 32), brightness, check_rewards)
+    assert not isinstance(trainer, ForwardProcessTrainer)
 
 
 @pytest.fixture
