@@ -76,6 +76,13 @@ def stale_of(mode: str) -> str:
     return with_objective(split_mode(mode)[0], "stale")
 
 
+def timing_modes(modes) -> set[str]:
+    """The modes whose cluster runs a bench of ``modes`` times: every mode but the planned
+    ones, and the stale mode each planned one plans on (listed or not)."""
+    return ({m for m in modes if planned_ratio(m) is None}
+            | {stale_of(m) for m in modes if planned_ratio(m) is not None})
+
+
 def baseline_of(mode: str) -> str:
     """The same objective without exploration: what exploration on top of it is measured against."""
     objective = split_mode(mode)[0]

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.bench.bench_modes import baseline_of, planned_ratio, seed_mode, split_mode
+from pipelines.bench.bench_modes import (
+    baseline_of,
+    planned_ratio,
+    seed_mode,
+    split_mode,
+    timing_modes,
+)
 from pipelines.bench.convergence_plot import plot_convergence
 from pipelines.bench.convergence_time import explore_wait_per_iteration, iteration_times
 from pipelines.bench.paired import cluster_part
@@ -107,8 +113,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         return result
     figures = per_mode(saved, modes, done, target, iterations, facts["validation_every"],
                        facts.get("budget") or iterations)
-    cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in modes
-               if not planned_ratio(m)}
+    cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in sorted(timing_modes(modes))}
     its = {m: figures[m]["censored"] for m in modes}
     s_per_it, times = iteration_times(
         saved, modes, cluster, done, its,

@@ -70,7 +70,7 @@ def iteration_times(saved: dict[str, dict], modes: list[str], cluster: dict[str,
     target per mode and seed): iterations to the target (censored) times the seconds. The
     cluster ran with ``spot_slots`` spot slots (workers x threads)."""
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
-    times = {m: [i * s_per_it[m] for i in censored[m]] for m in s_per_it}
+    times = {m: [i * s_per_it[m] for i in censored[m]] for m in s_per_it if m in censored}
     for mode in modes:
         stale = cluster.get(stale_of(mode))
         if not planned_ratio(mode) or stale is None:

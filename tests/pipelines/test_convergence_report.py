@@ -152,6 +152,19 @@ def test_geneval_reports_the_strict_score_per_tag(tmp_path):
     assert strict["vanilla"]["partial_mean"] == 0.5
 
 
+def test_a_planned_mode_plans_on_the_stale_cluster_run_without_the_stale_harness_jobs(
+        tmp_path):
+    """The fixed arm's harness jobs are the dearest a bench runs and the headline does not need
+    them: without ``stale`` in the modes its cluster run still times the planned mode."""
+    saved = {k: v for k, v in saved_jobs().items() if not k.startswith("stale-")}
+    facts = {**FACTS, "modes": ["vanilla", "sync", "spotlight"]}
+    result = summarize(saved, facts, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["seeds"] == 2 and "stale" not in result["iterations_to_target"]
+    assert result["seconds_per_iteration"]["spotlight"] == 11.0
+    assert result["time_to_target_s"]["spotlight"] == pytest.approx([27.5, 55.0])
+    assert result["speedup_vs_vanilla"]["per_seed"] == pytest.approx([100 / 27.5, 150 / 55])
+
+
 def test_summary_waits_for_whole_seeds(tmp_path):
     jobs = {k: v for k, v in saved_jobs().items() if k != "sync-seed1"}
     result = summarize(jobs, FACTS, [0, 1], CONFIG, tmp_path / "c.png")
