@@ -32,6 +32,21 @@ def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(mo
                   for m in ("stale", "spotlight", "sync", "vanilla")])]
 
 
+def test_a_planned_mode_without_its_stale_mode_still_times_the_stale_cluster_run(monkeypatch):
+    calls = []
+    monkeypatch.setattr(convergence, "run_jobs", lambda plan, jobs, store, workers, on_done:
+                        calls.append(("jobs", [j.name for j in jobs])))
+    monkeypatch.setattr(convergence, "cluster_check", lambda plan, store, mode, seed, goal:
+                        calls.append(("cluster", f"{mode}-seed{seed}")))
+    store = SimpleNamespace(loaded={"cluster-reuse-stale-seed0": {"time_model": [30.0, 0.01,
+                                                                                 9.0]}})
+    run_phases(None, store, ("nft-vanilla", "reuse-spotlight"), [0, 1], [0], 2, 0.3,
+               lambda: {})
+    assert calls == [
+        ("cluster", "nft-vanilla-seed0"), ("cluster", "reuse-stale-seed0"),
+        ("jobs", [f"{m}-seed{s}" for s in range(2) for m in ("reuse-spotlight", "nft-vanilla")])]
+
+
 def test_the_planned_modes_need_the_stale_runs_measured_time(monkeypatch):
     monkeypatch.setattr(convergence, "run_jobs", lambda *a, **k: None)
     monkeypatch.setattr(convergence, "cluster_check", lambda *a: None)
