@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 61's 16-seed convergence benches, one per task, resumable across sessions and machines:
+# rerun this script (it passes --resume once a bench has parts) until each JSON reports 16
+# seeds. Every job's part and the shipped base are committed with PARTS/ (not PARTS/runs/).
+# Usage: bash docs/data/convergence-2026-11-30/run.sh ocr|geneval
+set -eu
+cd "$(dirname "$0")/../../.."
+OUT=docs/data/convergence-2026-11-30
+task=$1
+case $task in
+  # AWM alone is in the OCR bench so the strongest objective alone is measured on every seed
+  # there; the fixed-arm stale mode is timed on the cluster (the planner's window) but runs no
+  # harness jobs (the dearest, not needed for the headline).
+  ocr) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2 ;;
+  geneval) modes=vanilla,nft-vanilla,reuse-spotlight,reuse-spotlight-x2 ;;
+  *) echo "usage: $0 ocr|geneval" >&2; exit 2 ;;
+esac
+args=(--task "$task" --seeds 16 --modes "$modes" --product reuse-spotlight
+      --json "$OUT/$task.json")
+ls "$OUT/$task.parts/"*.json > /dev/null 2>&1 && args+=(--resume)
+echo "spotlight bench convergence ${args[*]}"
+exec .venv/bin/spotlight bench convergence "${args[@]}"
