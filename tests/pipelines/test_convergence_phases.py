@@ -16,12 +16,18 @@ def test_dearer_modes_start_first_and_keep_their_order_otherwise():
         ["spotlight", "stale", "vanilla", "rlboost"]
 
 
-def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(monkeypatch):
+def recorded_phases(monkeypatch) -> list:
+    """What run_phases starts, in order: ("cluster", run) per cluster check, ("jobs", names)."""
     calls = []
     monkeypatch.setattr(convergence, "run_jobs", lambda plan, jobs, store, workers, on_done:
                         calls.append(("jobs", [j.name for j in jobs])))
     monkeypatch.setattr(convergence, "cluster_check", lambda plan, store, mode, seed, goal:
                         calls.append(("cluster", f"{mode}-seed{seed}")))
+    return calls
+
+
+def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(monkeypatch):
+    calls = recorded_phases(monkeypatch)
     # The planned mode is not timed on the cluster: it plans on the stale run's measured time.
     store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01, 9.0]}})
     run_phases(None, store, ("vanilla", "sync", "stale", "spotlight"), [0, 1, 2], [0], 2, 0.3,
@@ -33,11 +39,7 @@ def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(mo
 
 
 def test_a_planned_mode_without_its_stale_mode_still_times_the_stale_cluster_run(monkeypatch):
-    calls = []
-    monkeypatch.setattr(convergence, "run_jobs", lambda plan, jobs, store, workers, on_done:
-                        calls.append(("jobs", [j.name for j in jobs])))
-    monkeypatch.setattr(convergence, "cluster_check", lambda plan, store, mode, seed, goal:
-                        calls.append(("cluster", f"{mode}-seed{seed}")))
+    calls = recorded_phases(monkeypatch)
     store = SimpleNamespace(loaded={"cluster-reuse-stale-seed0": {"time_model": [30.0, 0.01,
                                                                                  9.0]}})
     run_phases(None, store, ("nft-vanilla", "reuse-spotlight"), [0, 1], [0], 2, 0.3,
