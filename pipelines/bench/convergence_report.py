@@ -15,7 +15,7 @@ from pipelines.bench.bench_modes import (
     timing_modes,
 )
 from pipelines.bench.convergence_plot import plot_convergence
-from pipelines.bench.convergence_time import explore_wait_per_iteration, iteration_times
+from pipelines.bench.convergence_time import iteration_times
 from pipelines.bench.paired import cluster_part
 from pipelines.bench.registry import machine
 from spotlight.config import RunConfig
@@ -115,7 +115,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
                        facts.get("budget") or iterations)
     cluster = {m: saved.get(cluster_part(m, seeds[0])) for m in sorted(timing_modes(modes))}
     its = {m: figures[m]["censored"] for m in modes}
-    s_per_it, times = iteration_times(
+    s_per_it, times, explore_waits = iteration_times(
         saved, modes, cluster, done, its,
         config.cluster.spot_workers * config.cluster.threads_per_worker)
 
@@ -128,8 +128,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
         "unreached": {m: figures[m]["unreached"] for m in modes},
         "seconds_per_iteration": s_per_it,
-        "explore_wait_s": {m: explore_wait_per_iteration(c) for m, c in cluster.items()
-                           if c is not None},
+        "explore_wait_s": explore_waits,
         "time_to_target_s": times,
         "cost_to_target_usd": costs,
         "to_target": to_target_medians(its, times, costs),

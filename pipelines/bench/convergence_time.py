@@ -9,6 +9,8 @@ the window (the iteration then waits for the overrun), or fall back to sampling 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from pipelines.bench.bench_modes import objective_settings, planned_ratio, stale_of
@@ -39,17 +41,23 @@ def explore_wait_per_iteration(cluster_run: dict) -> float | None:
     return float(np.median(plain or waits))
 
 
-def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float,
-                        spot_slots: int) -> float:
-    """Planned ``mode``'s ``job``: its mean modelled seconds over its first ``iterations``
-    iterations (all of them if it ran fewer): each the longer of the gpu path (``fitted_s``,
-    plus the share of the rollout that a mode training on explored samples had to sample) and the
-    exploration its plan started on its spot slots (``spot_slots`` per unit of its capacity
-    ratio)."""
+class PlannedIteration(NamedTuple):
+    """A planned mode's modelled iteration: its mean seconds, and the mean of those seconds it
+    spent waiting for its own plan's exploration past the gpu path (0 where every plan fit)."""
+    seconds: float
+    explore_wait_s: float
+
+
+def planned_iteration(mode: str, job: dict, fitted_s: float, iterations: float,
+                      spot_slots: int) -> PlannedIteration:
+    """Planned ``mode``'s ``job`` over its first ``iterations`` iterations (all of them if it
+    ran fewer): each the longer of the gpu path (``fitted_s``, plus the share of the rollout
+    that a mode training on explored samples had to sample) and the exploration its plan
+    started on its spot slots (``spot_slots`` per unit of its capacity ratio)."""
     _, per_step, rollout_s = (list(job.get("time_model") or []) + [None, None, None])[:3]
     reuses = bool(objective_settings(mode).get("objective.train_on_explored"))
     slots = (planned_ratio(mode) or 1) * spot_slots
-    seconds = []
+    seconds, waits = [], []
     for it in job["iterations"][:max(1, int(np.ceil(iterations)))]:
         gpu = fitted_s
         if reuses and it["iteration"] > 0:   # the share of the rollout it still sampled
@@ -60,24 +68,31 @@ def planned_iteration_s(mode: str, job: dict, fitted_s: float, iterations: float
             candidates, steps, prompts = it["plan"]
             explore = plan_cost(prompts, candidates, steps, per_step) / slots
         seconds.append(max(gpu, explore))
-    return float(np.mean(seconds)) if seconds else fitted_s
+        waits.append(max(0.0, explore - gpu))
+    if not seconds:
+        return PlannedIteration(fitted_s, 0.0)
+    return PlannedIteration(float(np.mean(seconds)), float(np.mean(waits)))
 
 
 def iteration_times(saved: dict[str, dict], modes: list[str], cluster: dict[str, dict | None],
                     seeds: list[int], censored: dict[str, list[float]], spot_slots: int
-                    ) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """(seconds per iteration per mode -- a planned mode's median over seeds --, time to the
-    target per mode and seed): iterations to the target (censored) times the seconds. The
-    cluster ran with ``spot_slots`` spot slots (workers x threads)."""
+                    ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float | None]]:
+    """(seconds per iteration per mode, time to the target per mode and seed, seconds an
+    iteration waited for exploration per mode): iterations to the target (censored) times the
+    seconds. A measured mode's wait is its cluster run's (None: not measured); a planned mode's
+    seconds and wait are modelled, each the median over seeds. The cluster ran with
+    ``spot_slots`` spot slots (workers x threads)."""
     s_per_it = {m: seconds_per_iteration(c) for m, c in cluster.items() if c is not None}
+    waits = {m: explore_wait_per_iteration(c) for m, c in cluster.items() if c is not None}
     times = {m: [i * s_per_it[m] for i in censored[m]] for m in s_per_it if m in censored}
     for mode in modes:
         stale = cluster.get(stale_of(mode))
         if not planned_ratio(mode) or stale is None:
             continue
         fitted = seconds_per_iteration(stale, fitted=True)
-        per_seed = [planned_iteration_s(mode, saved[f"{mode}-seed{s}"], fitted, i, spot_slots)
+        per_seed = [planned_iteration(mode, saved[f"{mode}-seed{s}"], fitted, i, spot_slots)
                     for s, i in zip(seeds, censored[mode])]
-        s_per_it[mode] = float(np.median(per_seed))
-        times[mode] = [i * s for i, s in zip(censored[mode], per_seed)]
-    return s_per_it, times
+        s_per_it[mode] = float(np.median([p.seconds for p in per_seed]))
+        waits[mode] = float(np.median([p.explore_wait_s for p in per_seed]))
+        times[mode] = [i * p.seconds for i, p in zip(censored[mode], per_seed)]
+    return s_per_it, times, waits
