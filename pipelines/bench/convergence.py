@@ -54,6 +54,7 @@ from pipelines.bench.bench_modes import (
     timing_modes,
 )
 from pipelines.bench.convergence_report import summarize
+from pipelines.bench.convergence_table import markdown_table
 from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
 from pipelines.bench.registry import register_bench, write_result
@@ -267,7 +268,8 @@ def bench_convergence(task: str = "ocr", quick: bool = False, config: str | None
 
         run_phases(plan, store, modes, seed_list, seed_list[:cluster_seeds],
                    workers or min(2, os.cpu_count() or 1), goal, report)
-        return report()
+        print(markdown_table(result := report()), flush=True)   # the JSON follows it
+        return result
 
 
 def longest_first(modes: tuple[str, ...]) -> list[str]:

@@ -96,6 +96,7 @@ def test_bench_convergence_quick_runs_paired_seeds_and_resumes(tiny_yaml, tmp_pa
     assert {p.name: p.stat().st_mtime_ns for p in parts.glob("*.json")
             if p.name in saved} == saved   # seed 0 not rerun
     assert result["seeds"] == 2 and result["seed_list"] == [0, 1]
+    assert "| spotlight (product) | " in resumed.stdout   # the table a person reads first
     modes = ("vanilla", "stale", "spotlight")
     assert result["modes"] == list(modes) and result["target"] == 2.0
     # The planner planned iteration 1 on the time the stale cluster run measured.

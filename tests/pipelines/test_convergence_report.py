@@ -16,6 +16,7 @@ from pipelines.bench.convergence_report import (
     same_validations,
     summarize,
 )
+from pipelines.bench.convergence_table import markdown_table
 from pipelines.bench.convergence_time import planned_iteration, seconds_per_iteration
 from pipelines.bench.paired import (
     BenchWorkerLost,
@@ -241,6 +242,26 @@ def test_parts_saved_under_the_old_mode_names_are_refused_not_misread(tmp_path, 
     monkeypatch.setattr(paired, "MODE_NAMES", 2)
     with pytest.raises(ValueError, match="mode names differ"):
         PairedStore.open(tmp_path, plan, resume=True)
+
+
+def test_the_headline_table_puts_iterations_beside_time(tmp_path):
+    facts = dict(FACTS, base_val_reward=0.2, base_val_standard_error=0.01, seeds_asked=2,
+                 product="spotlight")
+    assert markdown_table(summarize({}, facts, [0, 1], CONFIG, tmp_path / "c.png")) == ""
+    lines = markdown_table(summarize(saved_jobs(), facts, [0, 1], CONFIG, tmp_path / "c.png")
+                           ).splitlines()
+    assert lines[0].startswith("ocr: 2 of 2 paired seeds; base validation 0.2000 (standard "
+                               "error 0.0100), target 0.3000")
+    rows = {cells[0]: cells[1:] for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:])}
+    # By hand: vanilla reaches 0.30 at 10 and never (15) at 10 s an iteration; sync at 4 and 5
+    # at 20 s; the planned mode at 2.5 and 5 at stale's 11 s, its plans fitting the window.
+    assert rows["vanilla (best baseline)"] == [
+        "12.5 [10.0, 15.0]", "1 of 2", "10.0", "-", "125 [100, 150]", "-", "-"]
+    assert rows["sync"][:5] == ["4.5 [4.0, 5.0]", "0 of 2", "20.0", "-", "90 [80, 100]"]
+    assert rows["sync"][6] == "1.38 [1.25, 1.50]"   # 100 / 80 and 150 / 100
+    assert rows["spotlight (product)"][:5] == ["3.8 [2.5, 5.0]", "0 of 2", "11.0", "0.0",
+                                               "41 [27, 55]"]
 
 
 def test_seconds_per_iteration_leave_out_the_warm_up_and_validations():

@@ -1,0 +1,74 @@
+"""A ``bench convergence`` result as the table a person reads first: one row per mode, with
+iterations beside time to the target (so it shows whether a mode buys learning or only time),
+its wait for exploration, and its speed-ups against the strongest baseline and vanilla.
+
+Pure formatting over the result's keys; the bench prints it when it ends, and
+``python -m pipelines.bench.convergence_table RESULT.json`` prints it from a saved result.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("mode", "iterations to target", "unreached", "s / iteration", "explore wait s",
+           "time to target s", "vs the best baseline", "vs vanilla")
+
+
+def interval(figure: dict | None, digits: int) -> str:
+    """``{median, ci90}`` as "median [low, high]" ("-" where there is none)."""
+    if not figure or figure.get("median") is None:
+        return "-"
+    low, high = figure["ci90"]
+    return f"{figure['median']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def mode_rows(result: dict) -> list[list[str]]:
+    """One row of :data:`COLUMNS` per mode, in the bench's order; the best baseline's own
+    speed-up against itself is "-" (it is the yardstick)."""
+    rows = []
+    for mode in result["modes"]:
+        to_target = result.get("to_target", {}).get(mode, {})
+        speedups = result.get("speedup_by_mode", {}).get(mode, {})
+        rows.append([
+            mode + (" (product)" if mode == result.get("product") else "")
+            + (" (best baseline)" if mode == result.get("best_baseline") else ""),
+            interval(to_target.get("iterations"), 1),
+            f"{result['unreached'][mode]} of {result['seeds']}",
+            number(result.get("seconds_per_iteration", {}).get(mode), 1),
+            number(result.get("explore_wait_s", {}).get(mode), 1),
+            interval(to_target.get("time_s"), 0),
+            interval(speedups.get("vs_best_baseline"), 2),
+            interval(speedups.get("vs_vanilla"), 2)])
+    return rows
+
+
+def markdown_table(result: dict) -> str:
+    """The result's headline as a Markdown table, under a line naming the seeds, the base's
+    validation (with its standard error) and the target; empty before any seed finished."""
+    if not result.get("seeds"):
+        return ""
+    head = (f"{result['task']}: {result['seeds']} of {result['seeds_asked']} paired seeds; "
+            f"base validation {result['base_val_reward']:.4f} (standard error "
+            f"{result['base_val_standard_error']:.4f}), target {result['target']:.4f}; "
+            "medians with 90% bootstrap intervals")
+    lines = [head, "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in mode_rows(result)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m pipelines.bench.convergence_table RESULT.json", file=sys.stderr)
+        return 2
+    print(markdown_table(json.loads(Path(argv[0]).read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
