@@ -29,18 +29,19 @@ def number(value: float | None, digits: int) -> str:
 
 def mode_rows(result: dict) -> list[list[str]]:
     """One row of :data:`COLUMNS` per mode, in the bench's order; the best baseline's own
-    speed-up against itself is "-" (it is the yardstick)."""
+    speed-up against itself is "-" (it is the yardstick). A mode the result has no figure for
+    (not timed, or vanilla against itself) gets "-" in that column."""
     rows = []
     for mode in result["modes"]:
-        to_target = result.get("to_target", {}).get(mode, {})
-        speedups = result.get("speedup_by_mode", {}).get(mode, {})
+        to_target = result["to_target"].get(mode, {})
+        speedups = result["speedup_by_mode"].get(mode, {})
         rows.append([
             mode + (" (product)" if mode == result.get("product") else "")
             + (" (best baseline)" if mode == result.get("best_baseline") else ""),
             interval(to_target.get("iterations"), 1),
             f"{result['unreached'][mode]} of {result['seeds']}",
-            number(result.get("seconds_per_iteration", {}).get(mode), 1),
-            number(result.get("explore_wait_s", {}).get(mode), 1),
+            number(result["seconds_per_iteration"].get(mode), 1),
+            number(result["explore_wait_s"].get(mode), 1),
             interval(to_target.get("time_s"), 0),
             interval(speedups.get("vs_best_baseline"), 2),
             interval(speedups.get("vs_vanilla"), 2)])
