@@ -8,11 +8,11 @@ cd "$(dirname "$0")/../../.."
 OUT=docs/data/convergence-2026-11-30
 task=$1
 case $task in
-  # AWM alone is in the OCR bench so the strongest objective alone is measured on every seed
-  # there; the fixed-arm stale mode is timed on the cluster (the planner's window) but runs no
-  # harness jobs (the dearest, not needed for the headline).
+  # AWM alone is in both benches so the strongest objective alone is measured on every seed,
+  # not assumed from the other task; the fixed-arm stale mode is timed on the cluster (the
+  # planner's window) but runs no harness jobs (the dearest, not needed for the headline).
   ocr) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2 ;;
-  geneval) modes=vanilla,nft-vanilla,reuse-spotlight,reuse-spotlight-x2 ;;
+  geneval) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2 ;;
   *) echo "usage: $0 ocr|geneval" >&2; exit 2 ;;
 esac
 args=(--task "$task" --seeds 16 --modes "$modes" --product reuse-spotlight
