@@ -11,6 +11,7 @@ from pipelines.bench.bench_modes import (
     baseline_of,
     planned_ratio,
     seed_mode,
+    session_mode,
     split_mode,
     timing_modes,
 )
@@ -101,6 +102,21 @@ def tau_figures(spot_jobs: list[dict]) -> dict:
             "by_iteration": over}
 
 
+def stale_rankings(saved: dict[str, dict], modes: list[str], seeds: list[int],
+                   product: str) -> dict:
+    """The τ figures of every mode that explores with stale weights (the fixed arms and the
+    planned modes audit each iteration): ``kendall_tau_by_mode``; by objective, of the fixed
+    arms; and ``kendall_tau``, the fixed ``stale`` arm's where it ran (comparable across
+    benches), else the product's -- a bench without the fixed arm still reports its τ."""
+    explorers = {m: [saved[f"{m}-seed{s}"] for s in seeds] for m in modes
+                 if session_mode(m) == "spotlight"}
+    return {"kendall_tau": tau_figures(explorers.get("stale") or explorers.get(product, [])),
+            "kendall_tau_by_objective": {split_mode(m)[0] or "flow-grpo": tau_figures(jobs)
+                                         for m, jobs in explorers.items()
+                                         if seed_mode(m) == "stale"},
+            "kendall_tau_by_mode": {m: tau_figures(jobs) for m, jobs in explorers.items()}}
+
+
 def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
               png: Path) -> dict:
     """The contract keys over the seeds every mode has finished (and, once they ran, the
@@ -121,8 +137,6 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
 
     by_mode = speedup_by_mode(modes, times, its)
     product = by_mode.get(facts.get("product", "spotlight"), {})
-    stale_jobs = {m: [saved[f"{m}-seed{s}"] for s in done] for m in modes
-                  if seed_mode(m) == "stale"}
     costs = {m: [t / 3600.0 * hourly_usd(config, m) for t in ts] for m, ts in times.items()}
     result.update({
         "iterations_to_target": {m: figures[m]["iterations_to_target"] for m in modes},
@@ -137,9 +151,7 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "iteration_speedup_vs_vanilla": product.get("iterations_vs_vanilla"),
         "staleness_cost": paired_ratio("stale", "sync", its),   # stale's its ÷ fresh's
         "speedup_by_mode": by_mode,
-        "kendall_tau": tau_figures(stale_jobs.get("stale", [])),
-        "kendall_tau_by_objective": {split_mode(m)[0] or "flow-grpo": tau_figures(jobs)
-                                     for m, jobs in stale_jobs.items()},
+        **stale_rankings(saved, modes, done, facts.get("product", "spotlight")),
         "best_baseline": best_baseline(modes, times),
         "group_std_gain": group_std_gain(figures),
         "auc": {m: bootstrap_median(figures[m]["auc"]) for m in modes},

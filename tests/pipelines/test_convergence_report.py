@@ -118,6 +118,12 @@ def test_summary_figures_by_hand(tmp_path):
     assert tau["audits"] == 3 and tau["median"] == pytest.approx(0.8)
     assert tau["by_staleness"]["1"]["median"] == 0.9 and tau["by_staleness"]["2"]["probes"] == 1
     assert "4" not in tau["by_staleness"]          # θ_10-4 was not probed (None)
+    # Every mode that explores with stale weights reports its own audits; the headline stays the
+    # fixed arm's.
+    assert set(result["kendall_tau_by_mode"]) == {"stale", "spotlight"}
+    assert result["kendall_tau_by_mode"]["spotlight"]["audits"] == 1
+    assert result["kendall_tau_by_mode"]["spotlight"]["median"] == pytest.approx(0.1)
+    assert result["kendall_tau_by_mode"]["stale"] == tau
     # Dollars: hours x the cluster's hourly price; vanilla rents no spot worker.
     gpu_only, with_spot = hourly_usd(CONFIG, "vanilla"), hourly_usd(CONFIG, "spotlight")
     assert with_spot > gpu_only > 0 and hourly_usd(CONFIG, "stale") == with_spot
@@ -164,6 +170,10 @@ def test_a_planned_mode_plans_on_the_stale_cluster_run_without_the_stale_harness
     assert result["seconds_per_iteration"]["spotlight"] == 11.0
     assert result["time_to_target_s"]["spotlight"] == pytest.approx([27.5, 55.0])
     assert result["speedup_vs_vanilla"]["per_seed"] == pytest.approx([100 / 27.5, 150 / 55])
+    # Without the fixed arm the headline τ is the product's own audits.
+    assert result["kendall_tau"] == result["kendall_tau_by_mode"]["spotlight"]
+    assert result["kendall_tau"]["audits"] == 1
+    assert result["kendall_tau"]["median"] == pytest.approx(0.1)
 
 
 def test_summary_waits_for_whole_seeds(tmp_path):
