@@ -108,13 +108,13 @@ def stale_rankings(saved: dict[str, dict], modes: list[str], seeds: list[int],
     planned modes audit each iteration): ``kendall_tau_by_mode``; by objective, of the fixed
     arms; and ``kendall_tau``, the fixed ``stale`` arm's where it ran (comparable across
     benches), else the product's -- a bench without the fixed arm still reports its τ."""
-    explorers = {m: [saved[f"{m}-seed{s}"] for s in seeds] for m in modes
-                 if session_mode(m) == "spotlight"}
-    return {"kendall_tau": tau_figures(explorers.get("stale") or explorers.get(product, [])),
-            "kendall_tau_by_objective": {split_mode(m)[0] or "flow-grpo": tau_figures(jobs)
-                                         for m, jobs in explorers.items()
+    by_mode = {m: tau_figures([saved[f"{m}-seed{s}"] for s in seeds]) for m in modes
+               if session_mode(m) == "spotlight"}
+    return {"kendall_tau": by_mode.get("stale") or by_mode.get(product) or tau_figures([]),
+            "kendall_tau_by_objective": {split_mode(m)[0] or "flow-grpo": figures
+                                         for m, figures in by_mode.items()
                                          if seed_mode(m) == "stale"},
-            "kendall_tau_by_mode": {m: tau_figures(jobs) for m, jobs in explorers.items()}}
+            "kendall_tau_by_mode": by_mode}
 
 
 def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: RunConfig,
