@@ -9,7 +9,9 @@ of it; ``reuse-...`` is the same objective trained on the explored samples thems
 (``objective.train_on_explored``: an iteration with explored seeds has no rollout), measured
 against ``nft-vanilla`` (without exploration it is that mode); ``awm-...`` and
 ``awm-reuse-...`` are the same with Advantage Weighted Matching's objective in place of NFT's
-(``awm-reuse-spotlight`` against ``awm-vanilla``); ``fast-...`` is the few-step
+(``awm-reuse-spotlight`` against ``awm-vanilla``); ``reuse-cover-...`` is ``reuse-...`` whose
+planner, where 16 candidates fit only some prompts, explores every prompt with 12
+(``planner.cover_candidates``); ``fast-...`` is the few-step
 Flow-GRPO variant (a two-step SDE window, ODE elsewhere, only the window trained, as
 Flow-GRPO-Fast and MixGRPO).
 """
@@ -22,10 +24,15 @@ OBJECTIVE_SETTINGS: dict[str, dict] = {
     "reuse": {"objective.kind": "nft", "objective.train_on_explored": True},
     "awm": {"objective.kind": "awm"},
     "awm-reuse": {"objective.kind": "awm", "objective.train_on_explored": True},
+    "reuse-cover": {"objective.kind": "nft", "objective.train_on_explored": True,
+                    "planner.cover_candidates": 12},
     "fast": {"sampler.sde_window_size": 2},
 }
 # An objective whose runs without exploration are another's: its baseline is that one's.
-SAME_WITHOUT_EXPLORATION = {"reuse": "nft", "awm-reuse": "awm"}
+SAME_WITHOUT_EXPLORATION = {"reuse": "nft", "awm-reuse": "awm", "reuse-cover": "nft"}
+# An objective whose fixed-arm stale runs are another's (they explore without the planner, so a
+# planner setting changes nothing in them): its planned modes plan on that one's cluster run.
+SAME_FIXED_ARM = {"reuse-cover": "reuse"}
 
 
 def split_mode(mode: str) -> tuple[str | None, str]:
@@ -73,7 +80,8 @@ def session_mode(mode: str) -> str:
 
 def stale_of(mode: str) -> str:
     """The fixed-arm stale mode of ``mode``'s objective: where a planned mode's time comes from."""
-    return with_objective(split_mode(mode)[0], "stale")
+    objective = split_mode(mode)[0]
+    return with_objective(SAME_FIXED_ARM.get(objective, objective), "stale")
 
 
 def timing_modes(modes) -> set[str]:

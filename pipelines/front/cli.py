@@ -339,8 +339,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                       "spotlight-xR (the planner on R times the spot capacity; default: "
                       "vanilla,sync,stale,spotlight), each also behind an objective: nft-MODE "
                       "(DiffusionNFT's forward-process objective), reuse-MODE (nft trained on "
-                      "the explored samples, no rollout), awm-MODE and awm-reuse-MODE (the "
-                      "same with Advantage Weighted Matching), fast-MODE (Flow-GRPO with a "
+                      "the explored samples, no rollout), reuse-cover-MODE (reuse with "
+                      "planner.cover_candidates 12), awm-MODE and awm-reuse-MODE (the same "
+                      "with Advantage Weighted Matching), fast-MODE (Flow-GRPO with a "
                       "two-step SDE window)", metavar="M1,M2")
     option("--product", "the mode the headline speedup_vs_vanilla reports (default: "
                         "spotlight)", metavar="MODE")

@@ -250,6 +250,13 @@ def _check_planner_arms(config: "RunConfig") -> None:
         raise ConfigError(f"planner.candidates {small} must each exceed grpo.group_size = "
                           f"{group}: N <= G keeps every candidate and selects nothing; use e.g. "
                           f"{[2 * group, 3 * group, 4 * group]}")
+    cover = planner.cover_candidates
+    if cover and not group < cover < min(planner.candidates):
+        raise ConfigError(f"planner.cover_candidates = {cover} must exceed grpo.group_size = "
+                          f"{group} (N <= G selects nothing) and stay under the smallest of "
+                          f"planner.candidates {planner.candidates} (it is the fallback when "
+                          f"none of them fits); use e.g. {(group + min(planner.candidates)) // 2}, "
+                          "or 0 for none")
     unfaithful = [m for m in planner.steps if not faithful_replay(sampler, m)]
     if unfaithful and len(unfaithful) == len(planner.steps):
         raise ConfigError(f"planner.steps {planner.steps}: none replays the rollout's random "

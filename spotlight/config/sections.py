@@ -197,6 +197,15 @@ class PlannerConfig(Validated):
     prune_dominated: bool = spec(True, "With payoff 'billed', leave out a fitting setting when "
                                        "another that fits has at least as many candidates and "
                                        "at least as many replay steps.")
+    # Measured on OCR (docs/results.md, "Fewer candidates on every prompt"): 12 candidates on
+    # every prompt learned per iteration as 16 did (four paired seeds), and at 1:1 spot they cost
+    # about what 16 on 23 of 32 prompts cost, with no rollout left on the gpu path.
+    cover_candidates: int = spec(0, "With objective.train_on_explored: where no setting fits "
+                                    "every prompt, explore every prompt with this many "
+                                    "candidates (fewer than planner.candidates, more than "
+                                    "grpo.group_size) if the iteration waits less for it than "
+                                    "for the rollout of the prompts a smaller plan leaves; "
+                                    "0 = never.", range=(0, 4096))
     payoff: str = spec("billed", "What a setting's spread gain is paid per: 'billed' = the "
                                  "spot-seconds the exploration window held its slots (spot "
                                  "capacity is billed while alive, busy or idle, so the best "

@@ -119,10 +119,13 @@ class ExplorationPlanner:
                 plan = Plan(iteration, n, m, prompts, wall(n, m), budget, arm,
                             "untried setting" if self.pulls[arm] == 0 else "ucb")
             else:
+                steps = min(self._steps(a, rollout_steps) for a in useful)
                 shrunk = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
-                                      min(self._steps(a, rollout_steps) for a in useful))
+                                      steps)
                 plan = self._covering(iteration, prompts, cheapest, rollout_steps, budget, wall,
                                       replaced_rollout_s, shrunk.prompts) or shrunk
+                plan = self._fewer_candidates(plan, prompts, steps, budget, wall,
+                                              replaced_rollout_s) or plan
         plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
@@ -165,6 +168,28 @@ class ExplorationPlanner:
                     f"over budget by {seconds - budget:.2f} s, under the {left_s:.2f} s "
                     f"rollout of the {prompts - within_budget} prompts a plan within it would "
                     "leave: every prompt")
+
+    def _fewer_candidates(self, plan: Plan, prompts: int, steps: int, budget: float, wall,
+                          replaced_rollout_s: float | None) -> Plan | None:
+        """Where explored samples replace the rollout and no setting fits every prompt,
+        ``planner.cover_candidates`` on every prompt, if the iteration waits less for its
+        overrun than for what ``plan`` (shrunk or covering) makes it wait: the rollout of the
+        prompts it leaves, or its own overrun (None if not). Not a bandit arm: it is what the
+        window allows, not a setting to learn about."""
+        n = self.config.cover_candidates
+        if replaced_rollout_s is None or not n:
+            return None
+        seconds = wall(n, steps)
+        if plan.prompts == prompts:
+            waited = max(0.0, plan.predicted_s - budget)
+        else:
+            waited = replaced_rollout_s * (prompts - plan.prompts) / prompts
+        if max(0.0, seconds - budget) >= waited:
+            return None
+        return Plan(plan.iteration, n, steps, prompts, seconds, budget, None,
+                    f"{n} candidates on every prompt ({seconds:.2f} s of a {budget:.2f} s "
+                    f"budget): sooner than the {waited:.2f} s that {plan.candidates} "
+                    f"candidates on {plan.prompts} prompts would make the iteration wait")
 
     def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:

@@ -1,6 +1,8 @@
 """The exploration planner on a simulated clock: never past its budget, converges, resumes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,43 @@ def test_where_samples_replace_the_rollout_every_prompt_is_explored_if_that_is_s
     # What fits is planned as before: the rollout to replace changes nothing there.
     fits = planner.plan(4, PROMPTS, GROUP, 1, [5.0], 0.001, ROLLOUT_STEPS, replaced_rollout_s=9.0)
     assert fits.prompts == PROMPTS and fits.predicted_s <= fits.budget_s
+
+
+def test_fewer_candidates_cover_every_prompt_where_the_iteration_waits_less_for_them():
+    """16 prompts x 16 x 10 steps x 0.002 s = 5.12 s against a 4.5 s budget: 14 prompts fit
+    (4.48 s) and 2 are left to the rollout; 16 on every prompt overruns by 0.62 s. 12
+    candidates on every prompt cost 3.84 s and fit: with a 4.0 s rollout (the 2 prompts' share
+    0.5 s) the planner takes them; without cover_candidates, without a rollout to replace, or
+    where the 16 fit, it plans as before."""
+    config = PlannerConfig(candidates=[16, 32], steps=[0], cover_candidates=12)
+    cover = ExplorationPlanner(config).plan(2, PROMPTS, GROUP, 1, [5.0], 0.002, ROLLOUT_STEPS,
+                                             replaced_rollout_s=4.0)
+    assert (cover.candidates, cover.steps, cover.prompts, cover.arm) == (12, 10, PROMPTS, None)
+    assert cover.predicted_s == pytest.approx(3.84) and "every prompt" in cover.reason
+    assert "0.50 s that 16 candidates on 14 prompts" in cover.reason
+    for planner, rollout_s in ((ExplorationPlanner(replace(config, cover_candidates=0)), 4.0),
+                               (ExplorationPlanner(config), None)):
+        shrunk = planner.plan(2, PROMPTS, GROUP, 1, [5.0], 0.002, ROLLOUT_STEPS,
+                              replaced_rollout_s=rollout_s)
+        assert (shrunk.candidates, shrunk.prompts) == (16, 14)
+    fits = ExplorationPlanner(config).plan(2, PROMPTS, GROUP, 1, [5.0], 0.001, ROLLOUT_STEPS,
+                                           replaced_rollout_s=4.0)
+    assert fits.candidates == 16 and fits.prompts == PROMPTS and fits.arm is not None
+    # 12 on every prompt past the budget: taken only when its overrun is under the wait it
+    # replaces (0.002 -> 0.0025 s a step: 4.8 s, 0.3 s over; 16 fit on 11 prompts, 5 left).
+    for rollout_s, taken in ((4.0, True), (0.9, False)):
+        plan = ExplorationPlanner(config).plan(2, PROMPTS, GROUP, 1, [5.0], 0.0025,
+                                               ROLLOUT_STEPS, replaced_rollout_s=rollout_s)
+        assert (plan.candidates == 12) is taken and plan.prompts == (PROMPTS if taken else 11)
+
+
+def test_cover_candidates_must_select_and_stay_under_the_arms():
+    from spotlight.config import RunConfig
+    base = RunConfig()   # spotlight mode, the planner on, G = 8, arms [16, 24, 32]
+    assert base.with_values({"planner.cover_candidates": 12}).planner.cover_candidates == 12
+    for bad in (8, 16):   # G = 8 selects nothing; 16 is an arm already
+        with pytest.raises(ConfigError, match="planner.cover_candidates"):
+            base.with_values({"planner.cover_candidates": bad})
 
 
 def test_deterministic_and_resumable():

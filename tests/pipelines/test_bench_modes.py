@@ -24,6 +24,9 @@ from pipelines.bench.convergence_report import best_baseline, speedup_by_mode
     ("nft-spotlight-x4", ("nft", "spotlight-x4"), 4, "spotlight", "nft-stale", "nft-vanilla"),
     ("fast-sync", ("fast", "sync"), None, "sync", "fast-stale", "fast-vanilla"),
     ("reuse-spotlight", ("reuse", "spotlight"), 1, "spotlight", "reuse-stale", "nft-vanilla"),
+    # A planner setting changes no fixed arm: reuse-cover's planned modes plan on reuse's.
+    ("reuse-cover-spotlight", ("reuse-cover", "spotlight"), 1, "spotlight", "reuse-stale",
+     "nft-vanilla"),
 ])
 def test_a_mode_name_splits_into_objective_and_seed_mode(mode, split, ratio, session, stale,
                                                           baseline):
@@ -37,6 +40,7 @@ def test_objective_prefixes_set_their_config_and_unknown_ones_are_not_modes():
     assert objective_settings("fast-vanilla") == {"sampler.sde_window_size": 2}
     assert objective_settings("reuse-stale") == {"objective.kind": "nft",
                                                  "objective.train_on_explored": True}
+    assert objective_settings("reuse-cover-spotlight")["planner.cover_candidates"] == 12
     assert objective_settings("spotlight") == {}
     assert not known_mode("dpo-vanilla") and not known_mode("nft-") and not known_mode("fast")
 
@@ -44,6 +48,8 @@ def test_objective_prefixes_set_their_config_and_unknown_ones_are_not_modes():
 def test_a_planned_mode_times_its_own_objectives_stale_run_and_the_product_is_a_mode():
     assert timing_modes(["vanilla", "stale", "nft-vanilla", "nft-spotlight-x2"]) == \
         {"vanilla", "stale", "nft-vanilla", "nft-stale"}
+    assert timing_modes(["nft-vanilla", "reuse-spotlight", "reuse-cover-spotlight"]) == \
+        {"nft-vanilla", "reuse-stale"}
     with pytest.raises(ValueError, match=r"--product nft-spotlight is not one of --modes"):
         bench_convergence(modes=["vanilla", "stale", "spotlight"], product="nft-spotlight")
 
