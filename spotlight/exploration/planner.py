@@ -60,6 +60,13 @@ class Plan:
     slots: int = 0              # spot slots alive when it was planned
 
 
+def iteration_wait_s(plan: Plan, prompts: int, budget: float, replaced_rollout_s: float) -> float:
+    """What ``plan`` adds to an iteration whose explored samples replace the rollout: its
+    exploration's overrun past the budget, plus the rollout of the prompts it leaves."""
+    overrun = max(0.0, (plan.predicted_s or 0.0) - budget)
+    return overrun + replaced_rollout_s * (prompts - plan.prompts) / prompts
+
+
 class ExplorationPlanner:
     """UCB over (N, M) arms restricted to those that fit the budget; deterministic."""
 
@@ -120,12 +127,11 @@ class ExplorationPlanner:
                             "untried setting" if self.pulls[arm] == 0 else "ucb")
             else:
                 steps = min(self._steps(a, rollout_steps) for a in useful)
-                shrunk = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
-                                      steps)
-                plan = self._covering(iteration, prompts, cheapest, rollout_steps, budget, wall,
-                                      replaced_rollout_s, shrunk.prompts) or shrunk
-                plan = self._fewer_candidates(plan, prompts, steps, budget, wall,
-                                              replaced_rollout_s) or plan
+                plan = self._shrink(iteration, prompts, self.arms[cheapest][0], budget, wall,
+                                    steps)
+                if replaced_rollout_s is not None:
+                    plan = self._sooner_on_every_prompt(plan, prompts, cheapest, rollout_steps,
+                                                        steps, budget, wall, replaced_rollout_s)
         plan = replace(plan, slots=spot_slots)
         self.events.append({"kind": "plan", **asdict(plan)})
         return plan
@@ -150,46 +156,30 @@ class ExplorationPlanner:
                   for a in fits]
         return fits[max(range(len(fits)), key=lambda i: (scores[i], -i))]
 
-    def _covering(self, iteration: int, prompts: int, cheapest: int, rollout_steps: int,
-                  budget: float, wall, replaced_rollout_s: float | None,
-                  within_budget: int) -> Plan | None:
-        """Where explored samples replace the rollout, the cheapest setting on every prompt
-        although it overruns the window: the iteration waits for the overrun, which is
-        shorter than the rollout of the prompts that the plan within the budget (exploring
-        ``within_budget`` of them) would leave to sample (None if not)."""
-        if replaced_rollout_s is None:
-            return None
-        n, m = self.arms[cheapest][0], self._steps(cheapest, rollout_steps)
-        seconds = wall(n, m)
-        left_s = replaced_rollout_s * (prompts - within_budget) / prompts
-        if seconds - budget >= left_s:
-            return None
-        return Plan(iteration, n, m, prompts, seconds, budget, cheapest,
-                    f"over budget by {seconds - budget:.2f} s, under the {left_s:.2f} s "
-                    f"rollout of the {prompts - within_budget} prompts a plan within it would "
-                    "leave: every prompt")
-
-    def _fewer_candidates(self, plan: Plan, prompts: int, steps: int, budget: float, wall,
-                          replaced_rollout_s: float | None) -> Plan | None:
-        """Where explored samples replace the rollout and no setting fits every prompt,
-        ``planner.cover_candidates`` on every prompt, if the iteration waits less for its
-        overrun than for what ``plan`` (shrunk or covering) makes it wait: the rollout of the
-        prompts it leaves, or its own overrun (None if not). Not a bandit arm: it is what the
-        window allows, not a setting to learn about."""
-        n = self.config.cover_candidates
-        if replaced_rollout_s is None or not n:
-            return None
-        seconds = wall(n, steps)
-        if plan.prompts == prompts:
-            waited = max(0.0, plan.predicted_s - budget)
-        else:
-            waited = replaced_rollout_s * (prompts - plan.prompts) / prompts
-        if max(0.0, seconds - budget) >= waited:
-            return None
-        return Plan(plan.iteration, n, steps, prompts, seconds, budget, None,
-                    f"{n} candidates on every prompt ({seconds:.2f} s of a {budget:.2f} s "
-                    f"budget): sooner than the {waited:.2f} s that {plan.candidates} "
-                    f"candidates on {plan.prompts} prompts would make the iteration wait")
+    def _sooner_on_every_prompt(self, shrunk: Plan, prompts: int, cheapest: int,
+                                rollout_steps: int, steps: int, budget: float, wall,
+                                replaced_rollout_s: float) -> Plan:
+        """Where explored samples replace the rollout and no setting fits every prompt: the
+        cheapest arm on every prompt, then ``planner.cover_candidates`` (not a bandit arm: what
+        the window allows), each taken over the plan so far (first ``shrunk``) if the iteration
+        waits less for it (:func:`iteration_wait_s`)."""
+        settings = [(self.arms[cheapest][0], self._steps(cheapest, rollout_steps), cheapest)]
+        if self.config.cover_candidates:
+            settings.append((self.config.cover_candidates, steps, None))
+        plan = shrunk
+        for n, m, arm in settings:
+            seconds = wall(n, m)
+            waited = iteration_wait_s(plan, prompts, budget, replaced_rollout_s)
+            if max(0.0, seconds - budget) >= waited:
+                continue
+            left = (f" (the rollout of the {prompts - plan.prompts} prompts it leaves)"
+                    if plan.prompts < prompts else "")
+            plan = Plan(plan.iteration, n, m, prompts, seconds, budget, arm,
+                        f"{n} candidates on every prompt ({seconds:.2f} s of a {budget:.2f} s "
+                        f"budget): sooner than the {waited:.2f} s that {plan.candidates} "
+                        f"candidates on {plan.prompts} prompts would make the iteration "
+                        f"wait{left}")
+        return plan
 
     def _shrink(self, iteration: int, prompts: int, candidates: int, budget: float, wall,
                 steps: int) -> Plan:
