@@ -55,6 +55,7 @@ from pipelines.bench.bench_modes import (
 )
 from pipelines.bench.convergence_report import summarize
 from pipelines.bench.convergence_table import markdown_table
+from pipelines.bench.convergence_time import plain_iterations, stage_seconds
 from pipelines.bench.learning import TASK_CONFIGS
 from pipelines.bench.paired import Job, PairedPlan, PairedStore, cluster_part, run_jobs
 from pipelines.bench.registry import register_bench, write_result
@@ -125,14 +126,15 @@ def run_until(config: RunConfig, mode: str, url: str, target: float | None,
         results, curve = session.results, session.val_curve()
         records = session.task_records()
     t0 = results[0].start
-    return {"val_curve": [[c["iteration"], c["val_reward"]] for c in curve],
-            "iteration_s": [r.wall_s for r in results],
-            "explore_wait_s": [r.explore_wait_s or 0.0 for r in results],
-            "validated": [r.val_reward is not None for r in results],
-            "iterations_to_target": reached,
-            "time_to_target_s": (results[reached - 1].end - t0) if reached else None,
-            "wall_s": results[-1].end - t0,
-            "time_model": measured_time_model(records, cfg.exploration.window)}
+    run = {"val_curve": [[c["iteration"], c["val_reward"]] for c in curve],
+           "iteration_s": [r.wall_s for r in results],
+           "explore_wait_s": [r.explore_wait_s or 0.0 for r in results],
+           "validated": [r.val_reward is not None for r in results],
+           "iterations_to_target": reached,
+           "time_to_target_s": (results[reached - 1].end - t0) if reached else None,
+           "wall_s": results[-1].end - t0,
+           "time_model": measured_time_model(records, cfg.exploration.window)}
+    return {**run, "stage_s": stage_seconds(records, plain_iterations(run))}
 
 
 def measured_time_model(records: list[dict], window: str) -> list[float | None] | None:
@@ -294,11 +296,26 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
         for mode in timed:
             if cluster_check(plan, store, mode, seed, goal):
                 report()
+            keep_stage_seconds(store, cluster_part(mode, seed))
     models = {stale: time_model(plan, store, stale, seed_list[0], goal)
               for stale in {stale_of(m) for m in modes if m not in timed}}
     run_jobs(plan, [Job(m, s, None if planned_ratio(m) is None else models[stale_of(m)])
                     for s in seed_list for m in longest_first(modes)], store, workers,
              on_done=report)
+
+
+def keep_stage_seconds(store: PairedStore, name: str) -> None:
+    """A cluster part saved before its gpu path's seconds by stage were kept gets them from
+    its run's task records while that run's folder is here (the parts are committed, the runs
+    are not), so a later summary needs the parts alone."""
+    run = store.loaded.get(name)
+    if run is None or "stage_s" in run:
+        return
+    folder = store.folder / "runs" / name
+    if not (folder / "manifest.json").exists():
+        return
+    records = RunView.open(str(folder)).tasks()
+    store.save(name, {**run, "stage_s": stage_seconds(records, plain_iterations(run))})
 
 
 def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,

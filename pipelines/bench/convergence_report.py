@@ -143,6 +143,9 @@ def summarize(saved: dict[str, dict], facts: dict, seeds: list[int], config: Run
         "unreached": {m: figures[m]["unreached"] for m in modes},
         "seconds_per_iteration": s_per_it,
         "explore_wait_s": explore_waits,
+        # The measured modes' gpu path by stage (their cluster runs): what bounds an iteration.
+        "stage_s": {m: run["stage_s"] for m, run in cluster.items()
+                    if run is not None and run.get("stage_s")},
         "time_to_target_s": times,
         "cost_to_target_usd": costs,
         "to_target": to_target_medians(its, times, costs),

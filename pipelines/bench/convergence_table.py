@@ -1,6 +1,7 @@
 """A ``bench convergence`` result as the table a person reads first: one row per mode, with
 iterations beside time to the target (so it shows whether a mode buys learning or only time),
-its wait for exploration, and its speed-ups against the strongest baseline and vanilla.
+its wait for exploration, and its speed-ups against the strongest baseline and vanilla; under it,
+where the measured modes' gpu path goes, stage by stage.
 
 Pure formatting over the result's keys; the bench prints it when it ends, and
 ``python -m pipelines.bench.convergence_table RESULT.json`` prints it from a saved result.
@@ -48,6 +49,26 @@ def mode_rows(result: dict) -> list[list[str]]:
     return rows
 
 
+# The stages shown one by one in the gpu-path table; the rest are summed as "other".
+SHOWN_STAGES = ("rollout", "reward", "train")
+
+
+def stage_table(result: dict) -> list[str]:
+    """The measured modes' gpu path as a Markdown table: median seconds an iteration spends in
+    each stage (their cluster runs, the iterations that time them); no lines without any."""
+    by_mode = result.get("stage_s") or {}
+    if not by_mode:
+        return []
+    lines = ["| gpu path, seconds an iteration | " + " | ".join(SHOWN_STAGES)
+             + " | other | all |", "|" + "---|" * (len(SHOWN_STAGES) + 3)]
+    for mode, stages in by_mode.items():
+        shown = [stages.get(stage, 0.0) for stage in SHOWN_STAGES]
+        other = sum(s for stage, s in stages.items() if stage not in SHOWN_STAGES)
+        lines.append("| " + " | ".join([mode] + [number(s, 1) for s in
+                                                   (*shown, other, sum(shown) + other)]) + " |")
+    return lines
+
+
 def markdown_table(result: dict) -> str:
     """The result's headline as a Markdown table, under a line naming the seeds, the base's
     validation (with its standard error) and the target; empty before any seed finished."""
@@ -60,7 +81,8 @@ def markdown_table(result: dict) -> str:
     lines = [head, "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in mode_rows(result)]
-    return "\n".join(lines)
+    stages = stage_table(result)
+    return "\n".join(lines + ([""] + stages if stages else []))
 
 
 def main(argv: list[str]) -> int:

@@ -16,18 +16,45 @@ import numpy as np
 from pipelines.bench.bench_modes import objective_settings, planned_ratio, stale_of
 from spotlight.exploration.planner import plan_cost
 
+# Stages that are not part of a timed iteration's gpu path: the spot workers' (beside it), and
+# validation (a measurement every mode pays alike, whose records are numbered by the weights it
+# validates, the next iteration's).
+OFF_THE_TIMED_PATH = ("explore", "audit", "validation")
+
+
+def plain_iterations(cluster_run: dict) -> list[int]:
+    """The iterations of a cluster run that time it: every one after the first (which warms
+    the workers and, in stale exploration, has nothing explored yet) that ran no validation
+    (validation measures; every mode pays it alike) -- or all of them, where none is plain."""
+    validated = cluster_run["validated"]
+    return [i for i, v in enumerate(validated) if i > 0 and not v] or list(range(len(validated)))
+
+
+def stage_seconds(records: list[dict], iterations: list[int]) -> dict[str, float]:
+    """Where a cluster run's gpu path goes: per stage, the median over ``iterations`` of the
+    stage's span in each (its first start to its last end; 0 in one that did not run it), the
+    stages in the order they first ran. Shows what bounds an iteration once the rollout is off
+    it (training, on a world where it is the larger share)."""
+    spans: dict[str, dict[int, tuple[float, float]]] = {}
+    for r in sorted(records, key=lambda r: r["start"]):
+        if r["stage"] in OFF_THE_TIMED_PATH or r["iteration"] not in iterations:
+            continue
+        by_iteration = spans.setdefault(r["stage"], {})
+        first, last = by_iteration.get(r["iteration"], (r["start"], r["end"]))
+        by_iteration[r["iteration"]] = (min(first, r["start"]), max(last, r["end"]))
+    return {stage: float(np.median([end - start for start, end in
+                                    (by_iteration.get(k, (0.0, 0.0)) for k in iterations)]))
+            for stage, by_iteration in spans.items()}
+
 
 def seconds_per_iteration(cluster_run: dict, fitted: bool = False) -> float:
-    """Critical-path seconds of an iteration: the median over iterations after the first (which
-    warms the workers and, in stale exploration, has nothing explored yet) that ran no validation
-    (validation measures; every mode pays it alike). ``fitted``: less the time the iteration
-    waited for the next one's exploration -- what it takes when the exploration fits its window,
-    as the planner's plans are made to (a run saved before the wait was measured has none)."""
+    """Critical-path seconds of an iteration: the median over the :func:`plain_iterations`.
+    ``fitted``: less the time the iteration waited for the next one's exploration -- what it
+    takes when the exploration fits its window, as the planner's plans are made to (a run saved
+    before the wait was measured has none)."""
     waits = cluster_run.get("explore_wait_s") if fitted else None
     seconds = np.subtract(cluster_run["iteration_s"], waits if waits else 0.0)
-    plain = [s for i, (s, v) in enumerate(zip(seconds, cluster_run["validated"]))
-             if i > 0 and not v]
-    return float(np.median(plain or seconds))
+    return float(np.median([seconds[i] for i in plain_iterations(cluster_run)]))
 
 
 def explore_wait_per_iteration(cluster_run: dict) -> float | None:
@@ -37,8 +64,7 @@ def explore_wait_per_iteration(cluster_run: dict) -> float | None:
     waits = cluster_run.get("explore_wait_s")
     if not waits:
         return None
-    plain = [w for i, (w, v) in enumerate(zip(waits, cluster_run["validated"])) if i > 0 and not v]
-    return float(np.median(plain or waits))
+    return float(np.median([waits[i] for i in plain_iterations(cluster_run)]))
 
 
 class PlannedIteration(NamedTuple):

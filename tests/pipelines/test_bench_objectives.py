@@ -32,6 +32,9 @@ def test_bench_convergence_quick_with_the_forward_process_objective(tiny_yaml, t
     stale_part = Path(result["parts"]) / "cluster-nft-stale-seed0.json"
     stale_run = json.loads(stale_part.read_text())["result"]
     assert len(stale_run["explore_wait_s"]) == len(stale_run["iteration_s"])
+    # Each cluster run keeps its gpu path by stage: training on it, exploration beside it.
+    assert stale_run["stage_s"]["train"] > 0 and "explore" not in stale_run["stage_s"]
+    assert set(result["stage_s"]) == {"vanilla", "nft-vanilla", "nft-stale"}
     assert result["seconds_per_iteration"]["nft-spotlight"] == \
         seconds_per_iteration(stale_run, fitted=True) <= \
         result["seconds_per_iteration"]["nft-stale"]

@@ -26,10 +26,12 @@ def recorded_phases(monkeypatch) -> list:
     return calls
 
 
-def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(monkeypatch):
+def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(monkeypatch,
+                                                                             tmp_path):
     calls = recorded_phases(monkeypatch)
     # The planned mode is not timed on the cluster: it plans on the stale run's measured time.
-    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01, 9.0]}})
+    store = SimpleNamespace(folder=tmp_path,
+                            loaded={"cluster-stale-seed0": {"time_model": [30.0, 0.01, 9.0]}})
     run_phases(None, store, ("vanilla", "sync", "stale", "spotlight"), [0, 1, 2], [0], 2, 0.3,
                lambda: {})
     assert calls == [
@@ -38,10 +40,11 @@ def test_the_cluster_checks_run_first_then_every_job_in_one_pool_seed_by_seed(mo
                   for m in ("stale", "spotlight", "sync", "vanilla")])]
 
 
-def test_a_planned_mode_without_its_stale_mode_still_times_the_stale_cluster_run(monkeypatch):
+def test_a_planned_mode_without_its_stale_mode_still_times_the_stale_cluster_run(monkeypatch,
+                                                                               tmp_path):
     calls = recorded_phases(monkeypatch)
-    store = SimpleNamespace(loaded={"cluster-reuse-stale-seed0": {"time_model": [30.0, 0.01,
-                                                                                 9.0]}})
+    store = SimpleNamespace(folder=tmp_path, loaded={"cluster-reuse-stale-seed0": {
+        "time_model": [30.0, 0.01, 9.0]}})
     run_phases(None, store, ("nft-vanilla", "reuse-spotlight"), [0, 1], [0], 2, 0.3,
                lambda: {})
     assert calls == [
@@ -49,10 +52,10 @@ def test_a_planned_mode_without_its_stale_mode_still_times_the_stale_cluster_run
         ("jobs", [f"{m}-seed{s}" for s in range(2) for m in ("reuse-spotlight", "nft-vanilla")])]
 
 
-def test_the_planned_modes_need_the_stale_runs_measured_time(monkeypatch):
+def test_the_planned_modes_need_the_stale_runs_measured_time(monkeypatch, tmp_path):
     monkeypatch.setattr(convergence, "run_jobs", lambda *a, **k: None)
     monkeypatch.setattr(convergence, "cluster_check", lambda *a: None)
-    store = SimpleNamespace(loaded={"cluster-stale-seed0": {"time_model": None}})
+    store = SimpleNamespace(folder=tmp_path, loaded={"cluster-stale-seed0": {"time_model": None}})
     with pytest.raises(RuntimeError, match="stale cluster run measured no exploration"):
         run_phases(None, store, ("stale", "spotlight"), [0], [0], 2, 0.3, lambda: {})
 
@@ -79,3 +82,26 @@ def test_a_time_model_saved_without_the_rollout_is_completed_from_the_stored_run
     assert model == (15.0, 0.1, 7.0)
     assert opened == [str(tmp_path / "runs" / "cluster-stale-seed0")]
     assert saved["cluster-stale-seed0"] == {"time_model": [15.0, 0.1, 7.0], "iteration_s": [15.0]}
+
+
+def test_a_cluster_part_saved_before_its_stages_were_kept_gets_them_from_its_run(
+        monkeypatch, tmp_path):
+    """Its run's folder still holds the task records: the gpu path's seconds by stage are
+    measured from them (the warm-up and validating iterations left out) and saved with the
+    part; a part that has them, or whose run is not here, is left as it is."""
+    records = [{"stage": stage, "iteration": k, "start": 10.0 * k + start, "end": 10.0 * k + end}
+               for k in range(3) for stage, start, end in (("rollout", 0, 4), ("train", 4, 9))]
+    monkeypatch.setattr(convergence.RunView, "open", lambda url: SimpleNamespace(
+        tasks=lambda: records))
+    old = {"iteration_s": [9.0, 9.0, 9.0], "validated": [False, False, True]}
+    saved = {}
+    store = SimpleNamespace(folder=tmp_path, loaded={
+        "cluster-vanilla-seed0": old, "cluster-stale-seed0": dict(old),
+        "cluster-sync-seed0": dict(old, stage_s={"train": 1.0})},
+        save=lambda name, result: saved.update({name: result}))
+    (tmp_path / "runs" / "cluster-vanilla-seed0").mkdir(parents=True)
+    (tmp_path / "runs" / "cluster-vanilla-seed0" / "manifest.json").write_text("{}")
+    for name in ("cluster-vanilla-seed0", "cluster-stale-seed0", "cluster-sync-seed0",
+                 "cluster-absent-seed0"):
+        convergence.keep_stage_seconds(store, name)
+    assert saved == {"cluster-vanilla-seed0": dict(old, stage_s={"rollout": 4.0, "train": 5.0})}

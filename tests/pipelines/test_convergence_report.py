@@ -17,7 +17,11 @@ from pipelines.bench.convergence_report import (
     summarize,
 )
 from pipelines.bench.convergence_table import markdown_table
-from pipelines.bench.convergence_time import planned_iteration, seconds_per_iteration
+from pipelines.bench.convergence_time import (
+    planned_iteration,
+    seconds_per_iteration,
+    stage_seconds,
+)
 from pipelines.bench.paired import (
     BenchWorkerLost,
     Job,
@@ -272,6 +276,38 @@ def test_the_headline_table_puts_iterations_beside_time(tmp_path):
     assert rows["sync"][6] == "1.38 [1.25, 1.50]"   # 100 / 80 and 150 / 100
     assert rows["spotlight (product)"][:5] == ["3.8 [2.5, 5.0]", "0 of 2", "11.0", "0.0",
                                                "41 [27, 55]"]
+    assert "gpu path" not in "\n".join(lines)   # cluster parts saved before stages were kept
+    jobs = saved_jobs()
+    jobs["cluster-vanilla-seed0"]["stage_s"] = {"rollout": 4.0, "reward": 0.5, "advantages": 0.1,
+                                                "train": 5.0, "checkpoint": 0.4}
+    result = summarize(jobs, facts, [0, 1], CONFIG, tmp_path / "c.png")
+    assert result["stage_s"] == {"vanilla": jobs["cluster-vanilla-seed0"]["stage_s"]}
+    stages = markdown_table(result).split("\n\n")[-1].splitlines()
+    assert stages[0] == ("| gpu path, seconds an iteration | rollout | reward | train | other "
+                         "| all |")
+    assert stages[2:] == ["| vanilla | 4.0 | 0.5 | 5.0 | 0.5 | 10.0 |"]
+
+
+def test_the_gpu_path_by_stage_spans_each_stage_and_leaves_the_spot_work_out():
+    records = [
+        # Iteration 1: a rollout in two chunks on two workers (1-5 s), reward, then training.
+        {"stage": "rollout", "iteration": 1, "start": 1.0, "end": 4.0},
+        {"stage": "rollout", "iteration": 1, "start": 2.0, "end": 5.0},
+        {"stage": "reward", "iteration": 1, "start": 5.0, "end": 6.0},
+        {"stage": "train", "iteration": 1, "start": 6.0, "end": 12.0},
+        {"stage": "explore", "iteration": 2, "start": 1.0, "end": 11.0},
+        # Iteration 2 trained on explored samples: no reward stage (0 s in it).
+        {"stage": "rollout", "iteration": 2, "start": 20.0, "end": 20.5},
+        {"stage": "train", "iteration": 2, "start": 20.5, "end": 28.5},
+        # Iteration 3 validated and iteration 0 warmed up: not among those asked. Validation
+        # is numbered by the weights it validates (iteration 0's: 1), and left out.
+        {"stage": "validation", "iteration": 1, "start": 0.0, "end": 1.0},
+        {"stage": "train", "iteration": 3, "start": 30.0, "end": 90.0}]
+    by_stage = stage_seconds(records, [1, 2])
+    assert list(by_stage) == ["rollout", "reward", "train"]
+    assert by_stage == {"rollout": pytest.approx(2.25), "reward": pytest.approx(0.5),
+                        "train": pytest.approx(7.0)}
+    assert stage_seconds(records, []) == {}
 
 
 def test_seconds_per_iteration_leave_out_the_warm_up_and_validations():
