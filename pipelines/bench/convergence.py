@@ -180,7 +180,7 @@ def cluster_check(plan: PairedPlan, store: PairedStore, mode: str, seed: int,
     name = cluster_part(mode, seed)
     if name in store.loaded:
         return False
-    url = store.folder / "runs" / name
+    url = run_folder(store, name)
     shutil.rmtree(url, ignore_errors=True)   # a cut-off cluster run starts over
     config = plan.config.with_values({"seed": seed, **objective_settings(mode)})
     store.save(name, run_until(config, mode, str(url), target, plan.budget or plan.iterations))
@@ -304,6 +304,11 @@ def run_phases(plan: PairedPlan, store: PairedStore, modes: tuple[str, ...],
              on_done=report)
 
 
+def run_folder(store: PairedStore, name: str) -> Path:
+    """Where cluster part ``name``'s run keeps its store (beside the parts; not committed)."""
+    return store.folder / "runs" / name
+
+
 def keep_stage_seconds(store: PairedStore, name: str) -> None:
     """A cluster part saved before its gpu path's seconds by stage were kept gets them from
     its run's task records while that run's folder is here (the parts are committed, the runs
@@ -311,7 +316,7 @@ def keep_stage_seconds(store: PairedStore, name: str) -> None:
     run = store.loaded.get(name)
     if run is None or "stage_s" in run:
         return
-    folder = store.folder / "runs" / name
+    folder = run_folder(store, name)
     if not (folder / "manifest.json").exists():
         return
     records = RunView.open(str(folder)).tasks()
@@ -328,7 +333,7 @@ def time_model(plan: PairedPlan, store: PairedStore, stale: str, seed: int,
         cluster_check(plan, store, stale, seed, goal)
     model = store.loaded.get(name, {}).get("time_model")
     if model is not None and len(model) == 2:   # saved before the rollout's time was kept
-        run = RunView.open(str(store.folder / "runs" / name))
+        run = RunView.open(str(run_folder(store, name)))
         model = measured_time_model(run.tasks(), CLUSTER_SETTINGS["exploration.window"])
         store.save(name, {**store.loaded[name], "time_model": model})   # the parts suffice
     if model is None:
