@@ -19,8 +19,13 @@ case $task in
   # every seed's plans), reuse-spotlight's runs are the product's.
   ocr) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2,reuse-cover-spotlight
        product=reuse-cover-spotlight ;;
-  geneval) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2
-           product=reuse-spotlight ;;
+  # On GenEval AWM alone learns in fewer iterations than NFT alone (at 11 of 16 seeds, 7.3
+  # against 18.7), so the product there trains the explored samples with AWM's objective
+  # (awm-reuse-spotlight, added after 61 jobs). Its cluster run and seeds 0-3 are the
+  # `geneval-awm-reuse` screen's parts (docs/data/sweeps-2026-11-30/run.sh): the same plan,
+  # fingerprint and shipped base, the cluster run with this bench paused.
+  geneval) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2,awm-reuse-spotlight
+           product=awm-reuse-spotlight ;;
   # Vanilla on OCR seed 5, past the bench's 30 iterations: the seed the product's median ratio
   # against vanilla falls on, where vanilla had not reached the target (a lower bound).
   ocr-censored)
