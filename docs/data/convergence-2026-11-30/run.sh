@@ -14,9 +14,8 @@ case $task in
   # reuse-cover-spotlight (12 candidates on every prompt where 16 fit only some) was added
   # after the first 80 jobs: a rerun resumes them and runs its 16 jobs alone, on the same
   # fixed-arm cluster run as reuse-spotlight.
-  # It is the product on OCR. On GenEval (16 prompts an iteration) the cover setting acts only
-  # on an iteration where no setting fits every prompt; while none does (docs/results.md checks
-  # every seed's plans), reuse-spotlight's runs are the product's.
+  # It is the product on OCR. (On GenEval, 16 prompts an iteration, every plan fit every
+  # prompt, so the cover setting would not act there; docs/results.md checks each seed's plans.)
   ocr) modes=vanilla,nft-vanilla,awm-vanilla,reuse-spotlight,reuse-spotlight-x2,reuse-cover-spotlight
        product=reuse-cover-spotlight ;;
   # On GenEval AWM alone learns in fewer iterations than NFT alone (at 11 of 16 seeds, 7.3
