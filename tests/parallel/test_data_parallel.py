@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.parallel.dp_worker import member
-from tests.ports import free_port
+from tests.ports import LOOPBACK_HTTP, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,7 +32,7 @@ def test_the_training_group_is_formed_anew_when_a_member_is_lost():
     from pipelines.parallel.training import TrainingGroup, group_size
 
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         group = TrainingGroup(client)
         members = lambda: sorted(live_workers(client))   # noqa: E731

@@ -18,6 +18,7 @@ from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, kill_executors, live_workers
 from pipelines.parallel.serve import GroupServer
 from tests.parallel.in_place_training import train_step
+from tests.ports import LOOPBACK_HTTP
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 24
@@ -117,7 +118,7 @@ def test_sp_groups_under_kills_while_versions_change_compute_what_an_undisturbed
         urls[name] = f"file://{tmp_path}/{name}"
         RunStore.open(urls[name]).save_checkpoint(0, model.state_dict(), None)
     with LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
-                      host="127.0.0.1", dashboard_address=None) as cluster, \
+                      host="127.0.0.1", **LOOPBACK_HTTP) as cluster, \
             Client(cluster) as client:
         runs = {name: scenario(client, urls[name], name == "chaos", v2)
                 for name in ("clean", "chaos")}

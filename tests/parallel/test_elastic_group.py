@@ -13,6 +13,7 @@ import torch
 from pipelines.bench.sp import SPEC, build_transformer, request_inputs
 from pipelines.bench.sp_requests import denoise, denoise_alone
 from pipelines.parallel.groups import SPGroups, live_workers
+from tests.ports import LOOPBACK_HTTP
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 150
@@ -29,7 +30,7 @@ def test_a_member_killed_mid_request_regroup_and_the_request_completes_the_same(
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     expected = denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
         sp.add(live_workers(client))
@@ -67,7 +68,7 @@ def test_a_request_cut_by_a_lost_member_resumes_from_its_last_committed_step(tmp
     store.save_checkpoint(0, model.state_dict(), None)
     expected = denoise_alone(model, request_inputs(), STEPS)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         sp = SPGroups(client, SPEC, url, 0, (2, 1))
         sp.add(live_workers(client))
@@ -106,7 +107,7 @@ def test_a_member_failing_on_its_own_releases_its_peer_waiting_in_a_collective(t
     url = f"file://{tmp_path}/run"
     RunStore.open(url).save_checkpoint(0, model.state_dict(), None)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         sp = SPGroups(client, SPEC, url, 0, (2,))
         (pair,) = sp.add(live_workers(client))

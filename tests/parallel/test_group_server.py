@@ -11,6 +11,7 @@ from pipelines.bench.sp_requests import denoise_alone, denoise_requests
 from pipelines.parallel import executor
 from pipelines.parallel.groups import SPGroups, live_workers
 from pipelines.parallel.serve import GroupRequestFailed, GroupServer
+from tests.ports import LOOPBACK_HTTP
 
 pytestmark = pytest.mark.timeout(400)
 STEPS = 60
@@ -28,7 +29,7 @@ def test_requests_survive_members_killed_under_them(tmp_path):
     requests = {f"r{i}": request_inputs(seed=10 + i) for i in range(4)}
     expected = {name: denoise_alone(model, inputs, STEPS) for name, inputs in requests.items()}
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(4)
         sp = SPGroups(client, SPEC, url, 0, (2,))
         sp.add(live_workers(client))
@@ -55,7 +56,7 @@ def test_a_request_that_fails_without_a_loss_stops_serving_with_its_name(tmp_pat
     RunStore.open(url).save_checkpoint(0, build_transformer(SPEC).state_dict(), None)
     broken = {"hidden_states": torch.zeros(1, 3, 5)}   # no text stream: the forward raises
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         sp = SPGroups(client, SPEC, url, 0, (2,))
         sp.add(live_workers(client))

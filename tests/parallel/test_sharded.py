@@ -20,6 +20,7 @@ from spotlight.parallel.sharded import (
     save_sharded,
     shard_module,
 )
+from tests.ports import LOOPBACK_HTTP
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_a_group_that_lost_a_member_re_forms_and_re_shards_from_the_stored_versi
 
     reference = single_process(2)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+                      **LOOPBACK_HTTP) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         group = TrainingGroup(client)
         members = sorted(live_workers(client))

@@ -10,6 +10,7 @@ import pytest
 from pipelines.cluster import ClusterHandle, TaskFailedError
 from pipelines.cluster.dispatch import RequestPool, RequestSpec
 from spotlight.config import PreemptionConfig
+from tests.ports import LOOPBACK_HTTP
 
 pytestmark = pytest.mark.timeout(120)
 RUNNING = {"now": 0, "peak": 0}
@@ -37,7 +38,7 @@ def spot_cluster():
     from distributed import Client, LocalCluster
 
     cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                           resources={"spot": 1}, dashboard_address=None)
+                           resources={"spot": 1}, **LOOPBACK_HTTP)
     client = Client(cluster)
     RUNNING.update(now=0, peak=0)
     yield ClusterHandle(client, cluster)
@@ -91,7 +92,7 @@ def test_no_spot_worker_is_announced_once_and_the_pool_gives_up_after_the_wait()
     from distributed import Client, LocalCluster
 
     cluster = LocalCluster(n_workers=1, processes=False, resources={"gpu": 1},
-                           dashboard_address=None)
+                           **LOOPBACK_HTTP)
     client = Client(cluster)
     try:
         events = []

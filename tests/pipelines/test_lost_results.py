@@ -22,13 +22,14 @@ from distributed import Client, LocalCluster, wait
 from pipelines.cluster.classes import Silent
 from pipelines.cluster.connect import LOOPBACK, ClusterHandle, ClusterLostError
 from spotlight.scheduling.liveness import SilenceReports
+from tests.ports import LOOPBACK_HTTP
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_result_lost_with_the_last_worker_of_its_class_stops_the_fetch(tmp_path):
     with LocalCluster(n_workers=0, processes=False, protocol="tcp", host=LOOPBACK,
-                      dashboard_address=None) \
+                      **LOOPBACK_HTTP) \
             as cluster, Client(cluster) as client:
         worker = subprocess.Popen(   # no nanny: a killed worker stays gone, as a lost VM does
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
@@ -55,7 +56,7 @@ def test_a_result_lost_with_the_last_worker_of_its_class_stops_the_fetch(tmp_pat
 def test_finished_results_are_fetched_in_one_batch():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
                       host=LOOPBACK,
-                      dashboard_address=None, resources={"gpu": 1}) as cluster, \
+                      **LOOPBACK_HTTP, resources={"gpu": 1}) as cluster, \
             Client(cluster) as client:
         futures = [client.submit(operator.mul, k, k, resources={"gpu": 1}) for k in range(4)]
         handle = ClusterHandle(client, owns_client=False)
@@ -67,7 +68,7 @@ def test_a_gpu_worker_silent_under_a_single_task_is_named_and_the_task_finishes_
     names it once, after the heartbeat limit, and when it comes back the task finishes where
     it ran -- nothing is moved or computed twice."""
     with LocalCluster(n_workers=0, processes=False, protocol="tcp", host=LOOPBACK,
-                      dashboard_address=None) \
+                      **LOOPBACK_HTTP) \
             as cluster, Client(cluster) as client:
         worker, spot = (subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
